@@ -1,0 +1,84 @@
+"""Every Redis key and channel name trainmedic uses, built in one place."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "trainmedic:"
+
+# A label value used as a target name must match this (CONTRACT.md).
+TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+TARGET_KINDS = ("job", "node")
+# Record ids are "<26-char time-sortable id>~<kind>~<name>"; name is empty for bad-label records.
+RECORD_ID_RE = re.compile(r"^[0-9A-Z]{26}~(job|node)~([A-Za-z0-9_.:@-]{0,128})$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A job (training process) or node (GPU host) that receives commands."""
+
+    kind: str
+    name: str
+
+    @property
+    def tag(self) -> str:
+        # Every key of one target shares this Redis Cluster hash tag, so scripts stay in one slot.
+        return "{%s:%s}" % (self.kind, self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "name": self.name or None}
+
+
+def target_of_record(record_id: str) -> Target:
+    """The target encoded in a record id (raises ValueError on a malformed id)."""
+    m = RECORD_ID_RE.match(record_id)
+    if not m:
+        raise ValueError("not a remediation id")
+    return Target(m.group(1), m.group(2))
+
+
+def mailbox(t: Target) -> str:
+    return f"{PREFIX}{t.tag}:mailbox"
+
+
+def wake_channel(t: Target) -> str:
+    return f"{PREFIX}{t.tag}:wake"
+
+
+def cursor(t: Target) -> str:
+    return f"{PREFIX}{t.tag}:cursor"
+
+
+def heartbeat(t: Target) -> str:
+    return f"{PREFIX}{t.tag}:heartbeat"
+
+
+def record(record_id: str) -> str:
+    return f"{PREFIX}{target_of_record(record_id).tag}:rec:{record_id}"
+
+
+def episode(t: Target, playbook: str, fingerprint: str) -> str:
+    return f"{PREFIX}{t.tag}:episode:{playbook}:{fingerprint}"
+
+
+def cooldown(t: Target, playbook: str) -> str:
+    return f"{PREFIX}{t.tag}:cooldown:{playbook}"
+
+
+def budget(t: Target, playbook: str) -> str:
+    return f"{PREFIX}{t.tag}:budget:{playbook}"
+
+
+def power_memory(node: str) -> str:
+    """Hash gpu-key -> remembered power limit (mW) before trainmedic lowered it."""
+    return f"{PREFIX}{{node:{node}}}:power"
+
+
+# Global keys (their own slot): the history index, pending approvals, live targets.
+HISTORY = PREFIX + "history"
+APPROVALS = PREFIX + "approvals"
+TARGETS = PREFIX + "targets"

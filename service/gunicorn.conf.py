@@ -1,0 +1,30 @@
+"""gunicorn settings for `trainmedic serve` (values come from the environment serve sets)."""
+import os
+import shutil
+
+bind = os.environ.get("TRAINMEDIC_BIND", "127.0.0.1:9095")
+workers = int(os.environ.get("TRAINMEDIC_WORKERS", "2"))
+worker_class = "gthread"
+threads = int(os.environ.get("TRAINMEDIC_THREADS", "4"))
+timeout = 30
+graceful_timeout = 10
+keepalive = 5
+accesslog = None
+errorlog = "-"
+loglevel = os.environ.get("TRAINMEDIC_LOG_LEVEL", "info")
+wsgi_app = "service:create_app()"
+
+
+def on_starting(server):
+    # prometheus_client multiprocess mode: a fresh directory, so counters start at zero.
+    d = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d, exist_ok=True)
+
+
+def child_exit(server, worker):
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

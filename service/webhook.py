@@ -1,0 +1,47 @@
+"""POST /webhook: Alertmanager notifications in, decisions recorded and dispatched out."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify, request
+
+from . import alerts, dispatch
+from .auth import write_endpoint
+from .errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+bp = Blueprint("webhook", __name__)
+
+
+def read_json() -> Any:
+    """The request's JSON body, or the contract's 413 / 415 / 400 with one sentence."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"the body is larger than {limit // 1024} KiB")
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType("the body must be sent as Content-Type: application/json")
+    data = request.get_data(cache=False)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest("the JSON body is nested too deeply") from None
+    except ValueError:
+        raise BadRequest("the body is not valid JSON") from None
+
+
+@bp.post("/webhook")
+@write_endpoint
+def webhook() -> Any:
+    group = alerts.parse_group(read_json())
+    ext = current_app.extensions["trainmedic"]
+    outcomes = ext.dispatcher.execute(dispatch.plan(group, ext.playbooks))
+    ext.metrics.webhook(group, outcomes)
+    new = [o.as_dict() for o in outcomes if o.record_id and o.status not in ("duplicate",)]
+    return jsonify({
+        "status": "ok",
+        "alerts": len(group.alerts),
+        "remediations": new,
+        "duplicates": sum(1 for o in outcomes if o.status == "duplicate"),
+    })

@@ -1,0 +1,127 @@
+"""Shared fixtures: a real redis-server per session (flushed around each test), the app, gunicorn."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import redis
+import requests
+
+from service import create_app
+from service.embedded_redis import EmbeddedRedis, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "alertmanager-0.25"
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def load_fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """Our own redis-server on a free port (never the machine's 6379)."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def make_app(r: redis.Redis, redis_url: str) -> Any:
+    """Factory: an app on the test Redis with the shipped playbooks unless told otherwise."""
+    def make(**overrides: Any) -> Any:
+        config = {"TESTING": True, "REDIS_URL": redis_url, "WEBHOOK_TOKEN": TOKEN,
+                  "PLAYBOOKS": str(ROOT / "playbooks")}
+        config.update(overrides)
+        return create_app(config)
+    return make
+
+
+@pytest.fixture
+def app(make_app: Any) -> Any:
+    return make_app()
+
+
+@pytest.fixture
+def http(app: Any) -> Any:
+    return app.test_client()
+
+
+def post_json(http: Any, path: str, body: Any, headers: dict | None = None) -> Any:
+    return http.post(path, data=json.dumps(body), content_type="application/json",
+                     headers=AUTH if headers is None else headers)
+
+
+def write_playbooks(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+class Gunicorn:
+    """`trainmedic`'s gunicorn config run as a real subprocess on a free port."""
+
+    def __init__(self, env: dict[str, str], workers: int, tmp: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        metrics = tmp / f"metrics-{self.port}"
+        self.env = dict(os.environ, TRAINMEDIC_BIND=f"127.0.0.1:{self.port}", TRAINMEDIC_WORKERS=str(workers),
+                        TRAINMEDIC_WEBHOOK_TOKEN=TOKEN, PROMETHEUS_MULTIPROC_DIR=str(metrics),
+                        TRAINMEDIC_PLAYBOOKS=str(ROOT / "playbooks"), **env)
+        self.log = open(tmp / f"gunicorn-{self.port}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "service" / "gunicorn.conf.py")],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited: {(tmp / f'gunicorn-{self.port}.log').read_text()[-2000:]}")
+            try:
+                if requests.get(self.url + "/healthz", timeout=1).ok:
+                    return
+            except requests.RequestException:
+                time.sleep(0.1)
+        raise RuntimeError("gunicorn did not come up")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture
+def gunicorn(r: redis.Redis, redis_url: str, tmp_path: Path) -> Iterator[Any]:
+    """Factory: start the service under gunicorn with N workers (stopped after the test)."""
+    started: list[Gunicorn] = []
+
+    def start(workers: int = 4, **env: str) -> Gunicorn:
+        g = Gunicorn({"TRAINMEDIC_REDIS_URL": redis_url, **env}, workers, tmp_path)
+        started.append(g)
+        return g
+    yield start
+    for g in started:
+        g.stop()
