@@ -86,9 +86,10 @@ class Gunicorn:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         metrics = tmp / f"metrics-{self.port}"
-        self.env = dict(os.environ, TRAINMEDIC_BIND=f"127.0.0.1:{self.port}", TRAINMEDIC_WORKERS=str(workers),
-                        TRAINMEDIC_WEBHOOK_TOKEN=TOKEN, PROMETHEUS_MULTIPROC_DIR=str(metrics),
-                        TRAINMEDIC_PLAYBOOKS=str(ROOT / "playbooks"), **env)
+        # The caller's env goes last and wins (e.g. its own TRAINMEDIC_PLAYBOOKS).
+        self.env = {**os.environ, "TRAINMEDIC_BIND": f"127.0.0.1:{self.port}", "TRAINMEDIC_WORKERS": str(workers),
+                    "TRAINMEDIC_WEBHOOK_TOKEN": TOKEN, "PROMETHEUS_MULTIPROC_DIR": str(metrics),
+                    "TRAINMEDIC_PLAYBOOKS": str(ROOT / "playbooks"), **env}
         self.log = open(tmp / f"gunicorn-{self.port}.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "service" / "gunicorn.conf.py")],
