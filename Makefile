@@ -24,5 +24,12 @@ serve: $(VENV)/.serve
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -q
 
+bench: $(VENV)/.test
+	$(BIN)/python benchmarks/run_all.py
+
+# The closed loop on one machine: Prometheus + Alertmanager (Debian) -> trainmedic -> a toy training job.
+demo: $(VENV)/.test
+	$(BIN)/python scripts/demo.py
+
 clean:
 	rm -rf $(VENV) .trainmedic .pytest_cache
