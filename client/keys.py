@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 PREFIX = "trainmedic:"
 
-# A label value used as a target name must match this (CONTRACT.md).
-TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+# A label value used as a target name must match this (CONTRACT.md); names of dots only ("..") are refused
+# too, so a name can never walk a path even if some future code joins it into one.
+TARGET_NAME_RE = re.compile(r"^(?!\.+$)[A-Za-z0-9_.:@-]{1,128}$")
 TARGET_KINDS = ("job", "node")
 # Record ids are "<26-char time-sortable id>~<kind>~<name>"; name is empty for bad-label records.
 RECORD_ID_RE = re.compile(r"^[0-9A-Z]{26}~(job|node)~([A-Za-z0-9_.:@-]{0,128})$")
@@ -73,6 +74,11 @@ def budget(t: Target, playbook: str) -> str:
     return f"{PREFIX}{t.tag}:budget:{playbook}"
 
 
+def ack_stats(t: Target) -> str:
+    """Hash of ack counts and dispatch-to-ack latency buckets by action, written by the ACK script."""
+    return f"{PREFIX}{t.tag}:ackstats"
+
+
 def power_memory(node: str) -> str:
     """Hash gpu-key -> remembered power limit (mW) before trainmedic lowered it."""
     return f"{PREFIX}{{node:{node}}}:power"
@@ -82,3 +88,5 @@ def power_memory(node: str) -> str:
 HISTORY = PREFIX + "history"
 APPROVALS = PREFIX + "approvals"
 TARGETS = PREFIX + "targets"
+# Labels of targets that were ever sent a command: /metrics reads their backlog and ack stats.
+MAILBOXES = PREFIX + "mailboxes"
