@@ -1,0 +1,102 @@
+"""JSON logs: one object per line, for the service (gunicorn), the node agent and the CLI."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from datetime import datetime, timezone
+from typing import IO, Any
+
+# Attributes every LogRecord has; anything else on a record came in through `extra=`.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# Keys the formatter writes itself; an `extra=` of the same name is kept under "extra_<name>".
+_OWN = ("ts", "level", "logger", "msg", "pid", "exc")
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object on one line; `extra=` fields become top-level keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": _rfc3339(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": _message(record),
+            "pid": record.process,
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[f"extra_{key}" if key in _OWN else key] = value
+        if record.exc_info:
+            out["exc"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = record.stack_info
+        # default=str: an odd extra (a Path, a dataclass) must never cost the log line.
+        return json.dumps(out, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # bad %-args: keep the template rather than lose the line
+        return f"{record.msg} {record.args!r}"
+
+
+def _rfc3339(ts: float) -> str:
+    dt = datetime.fromtimestamp(ts, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def remediation(record_id: str | None, fingerprint: str | None, target: Any, **more: Any) -> dict[str, Any]:
+    """The `extra=` fields of a log line about a remediation: id, alert fingerprint, target."""
+    label = target.label if hasattr(target, "label") else target
+    return {"remediation_id": record_id, "fingerprint": fingerprint, "target": label, **more}
+
+
+def level_from_env(default: str = "info") -> str:
+    """TRAINMEDIC_LOG_LEVEL, upper-cased for logging (debug, info, warning, error)."""
+    level = (os.environ.get("TRAINMEDIC_LOG_LEVEL") or default).strip().upper()
+    return level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else default.upper()
+
+
+def setup(level: str | None = None, stream: IO[str] | None = None) -> logging.Handler:
+    """Send every logger's records to `stream` (stderr) as JSON lines; safe to call twice."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_trainmedic_json", False):
+            root.removeHandler(h)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    handler._trainmedic_json = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level or level_from_env())
+    # Python warnings are printed, not logged, unless captured: they would break the one-object-per-line rule.
+    logging.captureWarnings(True)
+    return handler
+
+
+def gunicorn_config(level: str | None = None) -> dict[str, Any]:
+    """gunicorn's logconfig_dict: its own loggers and the app's, all as JSON lines on stderr."""
+    level = (level or level_from_env()).upper()  # dictConfig knows "INFO", not "info"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {
+            "console": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"},
+            # gunicorn's defaults name this handler; point it at the same stream so nothing prints plain text.
+            "error_console": {"class": "logging.StreamHandler", "formatter": "json",
+                              "stream": "ext://sys.stderr"},
+        },
+        "root": {"level": level, "handlers": ["console"]},
+        "loggers": {
+            "gunicorn.error": {"level": level, "handlers": [], "propagate": True},
+            # accesslog = None: a logconfig_dict turns gunicorn's access log on, so keep it quiet here.
+            "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+            "py.warnings": {"level": "WARNING", "handlers": [], "propagate": True},
+        },
+    }
