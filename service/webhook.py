@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 
-from . import alerts, dispatch
+from . import alerts, dispatch, logs
 from .auth import write_endpoint
 from .errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 bp = Blueprint("webhook", __name__)
+log = logging.getLogger("trainmedic.webhook")
 
 
 def read_json() -> Any:
@@ -36,8 +38,15 @@ def read_json() -> Any:
 def webhook() -> Any:
     group = alerts.parse_group(read_json())
     ext = current_app.extensions["trainmedic"]
-    outcomes = ext.dispatcher.execute(dispatch.plan(group, ext.playbooks))
+    decisions = dispatch.plan(group, ext.playbooks)
+    outcomes = ext.dispatcher.execute(decisions)
     ext.metrics.webhook(group, outcomes)
+    for d, o in zip(decisions, outcomes):
+        if o.record_id and o.status != "duplicate":
+            log.info("remediation %s: playbook %s on %s for %s (%s): %s%s", o.record_id, o.playbook,
+                     d.target.label, d.alert.alertname, d.mode, o.status, f" ({o.reason})" if o.reason else "",
+                     extra=logs.remediation(o.record_id, o.fingerprint, d.target, playbook=o.playbook,
+                                            alertname=d.alert.alertname, status=o.status, reason=o.reason))
     new = [o.as_dict() for o in outcomes if o.record_id and o.status not in ("duplicate",)]
     return jsonify({
         "status": "ok",
