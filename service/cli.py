@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("serve", "agent"):
+        # Long-running commands log as JSON lines (service/logs.py); the others print for people.
+        from .logs import setup
+
+        setup()
     try:
         return {"serve": cmd_serve, "agent": cmd_agent, "check": cmd_check, "send": cmd_send,
                 "history": cmd_history}[args.command](args)
