@@ -114,9 +114,16 @@ return {'dispatched'}
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
+_last_us = 0
+
+
 def new_record_id(target: keys.Target) -> str:
-    """A time-sortable id (ULID layout) that also names its target, so its keys can be found."""
-    n = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    """A time-sortable id (microseconds, then randomness) that also names its target, so its keys can be found."""
+    global _last_us
+    # Strictly increasing within a process, so records of one notification list in order.
+    us = max(time.time_ns() // 1000, _last_us + 1)
+    _last_us = us
+    n = (us << 75) | int.from_bytes(os.urandom(10), "big") >> 5
     ulid = "".join(_CROCKFORD[(n >> s) & 31] for s in range(125, -5, -5))
     return f"{ulid}~{target.kind}~{target.name}"
 
@@ -237,6 +244,10 @@ class Dispatcher:
                    if o.status == "pending_approval"}
         if pending:
             pipe.zadd(keys.APPROVALS, pending)
+        sent = {keys.target_of_record(o.record_id).label for o in outcomes
+                if o.status in ("dispatched", "pending_approval")}
+        if sent:  # /metrics reads these targets' backlog, also of targets no trainer listens for
+            pipe.sadd(keys.MAILBOXES, *sent)
         pipe.execute()
 
     def approve(self, record_id: str, expire_only: bool = False) -> list:
