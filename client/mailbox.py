@@ -64,7 +64,7 @@ class Mailbox:
         pipe = self.r.pipeline(transaction=False)
         now_ms = int(time.time() * 1000)
         for a in acks:
-            self._ack(keys=[keys.record(a.record_id)],
+            self._ack(keys=[keys.record(a.record_id), keys.ack_stats(keys.target_of_record(a.record_id))],
                       args=[a.index, a.status, json.dumps(a.result, default=str), a.acked_at, a.acked_by, now_ms],
                       client=pipe)
         return pipe.execute()

@@ -45,9 +45,23 @@ end
 return 1
 """
 
-# KEYS[1] record; ARGV index, status, result json, acked_at, acked_by, now_ms.
-# Writes one action's ack unless it already has a final status; returns the record status.
+# Upper bounds (seconds) of the dispatch-to-ack latency histogram kept in each target's ack stats hash.
+ACK_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+ACK_STATS_TTL_MS = 30 * 86400 * 1000  # refreshed by every ack
+
+
+def _lua_buckets() -> str:
+    return "{" + ", ".join(repr(b) for b in ACK_LATENCY_BUCKETS) + "}"
+
+
+# KEYS[1] record, KEYS[2] the target's ack stats (optional: the same slot);
+# ARGV index, status, result json, acked_at, acked_by, now_ms, stats ttl ms (optional).
+# Writes one action's ack unless it already has a final status; returns {status, latency ms or -1,
+# record status}. Each first ack also counts in the stats hash ("n|ACTION|STATUS"), and its latency in
+# the bucket "b|ACTION|I" (I: index of the first bound it fits, or "inf"), "s|ACTION" (sum of seconds):
+# acks are written by trainers and agents, never by the service, so /metrics reads them from here.
 ACK = RECORD_STATUS + r"""
+local BUCKETS = """ + _lua_buckets() + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local p = 'a:' .. ARGV[1] .. ':'
 local st = redis.call('HGET', KEYS[1], p .. 'status')
@@ -55,5 +69,21 @@ if st ~= 'pending' and st ~= 'delivered' then return {st, '', redis.call('HGET',
 redis.call('HSET', KEYS[1], p .. 'status', ARGV[2], p .. 'result', ARGV[3], p .. 'acked_at', ARGV[4],
            p .. 'acked_by', ARGV[5])
 local sent = redis.call('HGET', KEYS[1], 'dispatched_ms') or ''
-return {ARGV[2], tostring(sent == '' and -1 or (tonumber(ARGV[6]) - tonumber(sent))), settle(KEYS[1])}
+local latency = -1
+-- Clocks of service and trainer may disagree by a little: never a negative latency.
+if sent ~= '' then latency = math.max(0, tonumber(ARGV[6]) - tonumber(sent)) end
+if KEYS[2] then
+  local action = string.match(redis.call('HGET', KEYS[1], p .. 'spec') or '', '"action":%s*"([^"]*)"') or 'unknown'
+  redis.call('HINCRBY', KEYS[2], 'n|' .. action .. '|' .. ARGV[2], 1)
+  if latency >= 0 then
+    local seconds, slot = latency / 1000, 'inf'
+    for i, le in ipairs(BUCKETS) do
+      if seconds <= le then slot = tostring(i - 1); break end
+    end
+    redis.call('HINCRBY', KEYS[2], 'b|' .. action .. '|' .. slot, 1)
+    redis.call('HINCRBYFLOAT', KEYS[2], 's|' .. action, seconds)
+  end
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7] or '""" + str(ACK_STATS_TTL_MS) + r"""'))
+end
+return {ARGV[2], tostring(latency), settle(KEYS[1])}
 """
