@@ -1,0 +1,188 @@
+"""GET /metrics: the contract's metrics, exact across gunicorn workers, plus acks, backlog and Redis health."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import redis
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import keys
+from client.mailbox import Mailbox
+from client.protocol import Ack
+from service.embedded_redis import free_port
+
+from .conftest import AUTH, load_fixture, post_json
+
+
+def loss_spike(job: str, fingerprint: str, status: str = "firing") -> dict:
+    """A one-alert Alertmanager notification for the loss-spike playbook on one job."""
+    body = copy.deepcopy(load_fixture("firing_single.json"))
+    alert = body["alerts"][0]
+    alert["labels"]["job_name"] = job
+    alert["fingerprint"] = fingerprint
+    alert["status"] = body["status"] = status
+    return body
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a scrape, keyed by (name, labels)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(scrape: dict, name: str, **labels: str) -> float:
+    return scrape.get((name, frozenset(labels.items())), 0.0)
+
+
+def ack_all(r: redis.Redis, target: keys.Target, statuses: dict[str, str]) -> int:
+    """Take every command of the target's mailbox as its trainer would and ack each action; returns acks."""
+    box = Mailbox(r, target)
+    n = 0
+    for entry in box.fetch():
+        assert entry.command is not None, entry.error
+        assert box.claim(entry)
+        acks = [Ack(entry.command.record_id, a.index, a.action, statuses[a.action], {"ok": True}, "test:1")
+                for a in entry.command.actions]
+        box.ack(acks)
+        n += len(acks)
+    return n
+
+
+def test_every_scrape_shows_exactly_n_across_four_workers(gunicorn: Any, r: redis.Redis) -> None:
+    g = gunicorn(workers=4)
+    n = 40
+
+    def send(i: int) -> int:
+        resp = requests.post(g.url + "/webhook", data=json.dumps(loss_spike(f"job-{i}", f"fp{i:04d}")),
+                             headers={**AUTH, "Content-Type": "application/json", "Connection": "close"},
+                             timeout=10)
+        return resp.status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(send, range(n))) == [200] * n
+    # The requests really were spread over workers: each writes its own counter file.
+    files = {p.name for p in Path(g.env["PROMETHEUS_MULTIPROC_DIR"]).glob("counter_*.db")}
+    assert len(files) >= 2, files
+
+    for i in range(n):
+        assert ack_all(r, keys.Target("job", f"job-{i}"),
+                       {"rollback_checkpoint": "unsupported", "scale_lr": "applied"}) == 2
+    for _ in range(8):  # a fresh connection each time, so different workers answer
+        text = requests.get(g.url + "/metrics", headers={"Connection": "close"}, timeout=10).text
+        s = samples(text)
+        assert value(s, "trainmedic_alerts_received_total", status="firing") == n
+        assert value(s, "trainmedic_remediations_total", playbook="loss-spike", status="dispatched") == n
+        assert value(s, "trainmedic_webhook_duration_seconds_count") == n
+        assert value(s, "trainmedic_actions_acked_total", action="scale_lr", status="applied") == n
+        assert value(s, "trainmedic_actions_acked_total", action="rollback_checkpoint", status="unsupported") == n
+        assert value(s, "trainmedic_ack_latency_seconds_count", action="scale_lr") == n
+        assert value(s, "trainmedic_mailbox_backlog", kind="job") == 0
+        assert value(s, "trainmedic_redis_up") == 1
+
+
+def test_counts_survive_a_worker_that_dies(gunicorn: Any) -> None:
+    g = gunicorn(workers=2)
+    for i in range(6):
+        resp = requests.post(g.url + "/webhook", data=json.dumps(loss_spike(f"job-{i}", f"fp{i}")),
+                             headers={**AUTH, "Content-Type": "application/json", "Connection": "close"},
+                             timeout=10)
+        assert resp.status_code == 200
+    metrics_dir = Path(g.env["PROMETHEUS_MULTIPROC_DIR"])
+    victim = int(sorted(metrics_dir.glob("counter_*.db"))[0].stem.split("_")[1])
+    os.kill(victim, signal.SIGKILL)  # a worker of our own gunicorn; its master starts another
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"/proc/{victim}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(6):
+        s = samples(requests.get(g.url + "/metrics", headers={"Connection": "close"}, timeout=10).text)
+        assert value(s, "trainmedic_alerts_received_total", status="firing") == 6
+        assert value(s, "trainmedic_remediations_total", playbook="loss-spike", status="dispatched") == 6
+
+
+def test_an_ack_is_counted_once_however_often_it_is_sent(http: Any, r: redis.Redis) -> None:
+    assert post_json(http, "/webhook", loss_spike("llama-ft-01", "aaa1")).status_code == 200
+    target = keys.Target("job", "llama-ft-01")
+    box = Mailbox(r, target)
+    [entry] = box.fetch()
+    assert box.claim(entry)
+    rid = entry.command.record_id
+    acks = [Ack(rid, 0, "rollback_checkpoint", "applied", {"restored_step": 10}, "test:1"),
+            Ack(rid, 1, "scale_lr", "failed", {"error": "no optimizer"}, "test:1")]
+    box.ack(acks)
+    box.ack(acks)  # a retried ack (lost reply) must not count twice
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    assert value(s, "trainmedic_actions_acked_total", action="rollback_checkpoint", status="applied") == 1
+    assert value(s, "trainmedic_actions_acked_total", action="scale_lr", status="failed") == 1
+    assert value(s, "trainmedic_actions_acked_total", action="scale_lr", status="applied") == 0
+    assert value(s, "trainmedic_ack_latency_seconds_count", action="scale_lr") == 1
+
+
+def test_ack_latency_lands_in_the_right_bucket(http: Any, r: redis.Redis) -> None:
+    assert post_json(http, "/webhook", loss_spike("llama-ft-02", "bbb2")).status_code == 200
+    box = Mailbox(r, keys.Target("job", "llama-ft-02"))
+    [entry] = box.fetch()
+    rid = entry.command.record_id
+    # As if the trainer took three seconds to reach a step boundary.
+    r.hset(keys.record(rid), "dispatched_ms", int(time.time() * 1000) - 3000)
+    box.claim(entry)
+    box.ack([Ack(rid, 1, "scale_lr", "applied", {}, "test:1")])
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    bucket = "trainmedic_ack_latency_seconds_bucket"
+    assert value(s, bucket, action="scale_lr", le="2.5") == 0
+    assert value(s, bucket, action="scale_lr", le="5.0") == 1
+    assert value(s, bucket, action="scale_lr", le="+Inf") == 1
+    assert 3.0 <= value(s, "trainmedic_ack_latency_seconds_sum", action="scale_lr") < 4.0
+
+
+def test_backlog_counts_commands_nobody_has_taken_by_kind(http: Any, r: redis.Redis) -> None:
+    for i in range(3):
+        assert post_json(http, "/webhook", loss_spike(f"idle-{i}", f"c{i}")).status_code == 200
+    node_alert = copy.deepcopy(load_fixture("firing_single.json"))
+    node_alert["alerts"][0]["labels"] = {"alertname": "DiskSpaceLow", "node": "gpu-node-07"}
+    assert post_json(http, "/webhook", node_alert).status_code == 200
+    box = Mailbox(r, keys.Target("job", "idle-0"))
+    assert box.claim(box.fetch()[0])
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    assert value(s, "trainmedic_mailbox_backlog", kind="job") == 2
+    assert value(s, "trainmedic_mailbox_backlog", kind="node") == 1
+
+
+def test_live_targets_are_counted_from_their_heartbeats(http: Any, r: redis.Redis) -> None:
+    Mailbox(r, keys.Target("job", "alive")).heartbeat({"host": "h"})
+    Mailbox(r, keys.Target("node", "gpu-node-01")).heartbeat({"host": "h"})
+    r.zadd(keys.TARGETS, {"job:long-gone": time.time() - 3600})
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    assert value(s, "trainmedic_targets_live", kind="job") == 1
+    assert value(s, "trainmedic_targets_live", kind="node") == 1
+
+
+def test_a_scrape_answers_with_redis_down_when_redis_is_unreachable(make_app: Any) -> None:
+    app = make_app(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", REDIS_TIMEOUT=0.5)
+    resp = app.test_client().get("/metrics")
+    assert resp.status_code == 200
+    s = samples(resp.get_data(as_text=True))
+    assert value(s, "trainmedic_redis_up") == 0
+    assert not [k for k in s if k[0] == "trainmedic_mailbox_backlog"]  # no made-up zeros either
+
+
+def test_the_counters_follow_the_webhook_in_one_process(http: Any) -> None:
+    before = samples(http.get("/metrics").get_data(as_text=True))
+    body = loss_spike("llama-ft-03", "ddd4")
+    assert post_json(http, "/webhook", body).status_code == 200
+    assert post_json(http, "/webhook", body).status_code == 200  # a resend: an alert, not a remediation
+    after = samples(http.get("/metrics").get_data(as_text=True))
+    name, labels = "trainmedic_alerts_received_total", {"status": "firing"}
+    assert value(after, name, **labels) - value(before, name, **labels) == 2
+    name, labels = "trainmedic_remediations_total", {"playbook": "loss-spike", "status": "dispatched"}
+    assert value(after, name, **labels) - value(before, name, **labels) == 1
