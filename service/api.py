@@ -82,9 +82,8 @@ def approve(rid: str) -> Any:
     return jsonify(history.get(_ext().redis, rid))
 
 
-@bp.get("/targets")
-def targets() -> Any:
-    r = _ext().redis
+def live_targets(r: Any) -> list[dict]:
+    """Training clients and node agents with a recent heartbeat, sorted by kind and name."""
     now = time.time()
     r.zremrangebyscore(keys.TARGETS, "-inf", now - 86400)
     labels = r.zrangebyscore(keys.TARGETS, now - LIVE_WINDOW, "+inf")
@@ -102,7 +101,12 @@ def targets() -> Any:
         out.append({**info, "kind": kind, "name": name, "last_seen": rfc3339(seen),
                     "age_seconds": round(now - seen, 3)})
     out.sort(key=lambda t: (t["kind"], t["name"]))
-    return jsonify({"targets": out})
+    return out
+
+
+@bp.get("/targets")
+def targets() -> Any:
+    return jsonify({"targets": live_targets(_ext().redis)})
 
 
 @bp.get("/healthz")
