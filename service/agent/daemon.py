@@ -64,7 +64,7 @@ class Agent:
         self._handlers: dict[str, Callable[[Any, dict], dict]] = {
             "power_limit": lambda p, ctx: self.power.throttle(p, ctx, self.dry_run),
             "restore_power_limit": lambda p, ctx: self.power.restore(ctx, self.dry_run),
-            "disk_cleanup": lambda p, ctx: disk.cleanup(self.allow_roots, p, self.dry_run),
+            "disk_cleanup": lambda p, ctx: self._disk_cleanup(p),
         }
 
     def _redis(self) -> redis.Redis:
@@ -79,6 +79,12 @@ class Agent:
         if self.nvml_problem:
             info["nvml"] = self.nvml_problem
         return info
+
+    def _disk_cleanup(self, params: Any) -> dict:
+        result = disk.cleanup(self.allow_roots, params, self.dry_run)
+        if self.dry_run:
+            raise ActionSkipped({**result, "reason": "the agent runs with --dry-run"})
+        return result
 
     # -- applying
     def apply(self, cmd: Command) -> list[Ack]:

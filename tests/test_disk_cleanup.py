@@ -1,0 +1,245 @@
+"""disk_cleanup on real temporary trees: keep-newest, age, patterns, byte cap, links, `..`, files being written."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.actions import CATALOGUE, DiskCleanup, ParamError
+from service.agent import disk
+from service.agent.outcome import ActionFailed
+
+from .conftest import post_json
+from .nvml_stub import agents, wait_record  # noqa: F401
+
+DAY = 86400.0
+NOW = time.time()
+
+
+def put(path: Path, size: int = 1000, age: float = 10 * DAY) -> Path:
+    """A file of `size` bytes last modified `age` seconds ago."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    os.utime(path, (NOW - age, NOW - age))
+    return path
+
+
+def ckpt_dir(path: Path, size: int = 1000, age: float = 10 * DAY) -> Path:
+    """A Hugging Face style checkpoint folder (two files) last modified `age` seconds ago."""
+    put(path / "model.safetensors", size - 100, age)
+    put(path / "trainer_state.json", 100, age)
+    os.utime(path, (NOW - age, NOW - age))
+    return path
+
+
+def params(**kw: Any) -> DiskCleanup:
+    return CATALOGUE["disk_cleanup"].parse(kw)
+
+
+def test_it_keeps_the_newest_keep_last_of_each_run_and_deletes_the_rest(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for i, step in enumerate((100, 200, 300, 400, 500)):
+        ckpt_dir(root / "llama" / f"checkpoint-{step}", 1000, age=(20 - i) * DAY)
+    put(root / "bert" / "epoch=1-step=10.ckpt", 500, 30 * DAY)
+    put(root / "bert" / "epoch=2-step=20.ckpt", 500, 29 * DAY)
+    res = disk.cleanup([root], params(keep_last=3, older_than="7d"))
+    assert sorted(res["deleted"]) == [str(root / "llama" / "checkpoint-100"), str(root / "llama" / "checkpoint-200")]
+    assert res["bytes_freed"] == 2000 and res["deleted_count"] == 2
+    assert sorted(p.name for p in (root / "llama").iterdir()) == ["checkpoint-300", "checkpoint-400", "checkpoint-500"]
+    assert len(list((root / "bert").iterdir())) == 2  # a run with fewer than keep_last keeps them all
+    assert res["kept"] == 5
+
+
+def test_newest_means_last_modified_not_highest_name(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    put(root / "a" / "ckpt-9.pt", age=8 * DAY)
+    put(root / "a" / "ckpt-10.pt", age=9 * DAY)  # older though its number is higher
+    res = disk.cleanup([root], params(keep_last=1, older_than="1d"))
+    assert res["deleted"] == [str(root / "a" / "ckpt-10.pt")]
+
+
+def test_only_entries_older_than_older_than_go(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for age in (1, 2, 3, 8, 9):
+        put(root / "r" / f"ckpt-{age}d.pt", age=age * DAY)
+    res = disk.cleanup([root], params(keep_last=0, older_than="7d"))
+    assert sorted(Path(p).name for p in res["deleted"]) == ["ckpt-8d.pt", "ckpt-9d.pt"]
+    assert sorted(p.name for p in (root / "r").iterdir()) == ["ckpt-1d.pt", "ckpt-2d.pt", "ckpt-3d.pt"]
+
+
+def test_only_entries_matching_the_patterns_go(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    keep = [put(root / "r" / n) for n in ("notes.txt", "data.bin", "config.json", "events.out.tfevents.1")]
+    gone = [put(root / "r" / n) for n in ("model.pt", "opt.pth", "last.ckpt", "checkpoint_7", "global_step40")]
+    res = disk.cleanup([root], params(keep_last=0, older_than="1d"))
+    assert sorted(res["deleted"]) == sorted(map(str, gone))
+    assert all(p.exists() for p in keep) and not any(p.exists() for p in gone)
+
+    res = disk.cleanup([root], params(keep_last=0, older_than="1d", patterns=["*.bin"]))
+    assert res["deleted"] == [str(root / "r" / "data.bin")]
+
+
+def test_a_checkpoint_folder_is_one_entry_and_never_searched_inside(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    ckpt_dir(root / "r" / "checkpoint-1", age=9 * DAY)
+    put(root / "r" / "checkpoint-2" / "inner.pt", age=9 * DAY)
+    put(root / "r" / "checkpoint-2" / "nested" / "deep.pt", age=9 * DAY)
+    res = disk.cleanup([root], params(keep_last=1, older_than="1d"))
+    assert res["deleted_count"] == 1 and res["kept"] == 1
+    assert len(list((root / "r").iterdir())) == 1
+
+
+def test_the_byte_cap_deletes_oldest_first_and_never_more_than_max_bytes(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for i in range(6):
+        put(root / "r" / f"ckpt-{i}.pt", 1000, age=(30 - i) * DAY)
+    res = disk.cleanup([root], params(keep_last=0, older_than="1d", max_bytes=2500))
+    assert [Path(p).name for p in res["deleted"]] == ["ckpt-0.pt", "ckpt-1.pt"]
+    assert res["bytes_freed"] == 2000 <= 2500
+    assert res["over_cap"] == 4
+    assert len(list((root / "r").iterdir())) == 4
+
+
+def test_a_link_to_outside_the_root_is_neither_followed_nor_its_target_deleted(tmp_path: Path) -> None:
+    root, outside = tmp_path / "runs", tmp_path / "precious"
+    target = put(outside / "model.pt", 5000, age=90 * DAY)
+    ckpt_dir(outside / "checkpoint-9", age=90 * DAY)
+    put(root / "r" / "real.pt", 10, age=90 * DAY)
+    (root / "r" / "linked.pt").symlink_to(target)                         # a matching link to a file
+    (root / "r" / "checkpoint-9").symlink_to(outside / "checkpoint-9")     # a matching link to a folder
+    (root / "elsewhere").symlink_to(outside, target_is_directory=True)    # a run folder that is a link
+    inner = ckpt_dir(root / "r" / "checkpoint-1", age=90 * DAY)
+    (inner / "shared.pt").symlink_to(target)                              # a link inside a doomed folder
+    for p in (inner / "shared.pt", inner):
+        os.utime(p, (NOW - 90 * DAY, NOW - 90 * DAY), follow_symlinks=False)
+
+    res = disk.cleanup([root], params(keep_last=0, older_than="1d"))
+
+    assert sorted(res["deleted"]) == [str(root / "r" / "checkpoint-1"), str(root / "r" / "real.pt")]
+    assert res["bytes_freed"] == 1010  # the link inside counted nothing
+    assert target.read_bytes() == b"x" * 5000 and (outside / "checkpoint-9" / "model.safetensors").exists()
+    assert (root / "r" / "linked.pt").is_symlink() and (root / "r" / "checkpoint-9").is_symlink()
+    assert sorted(res["links_ignored"]) == [str(root / "r" / "checkpoint-9"), str(root / "r" / "linked.pt")]
+
+
+def test_a_folder_swapped_for_a_link_after_the_scan_is_not_followed(tmp_path: Path, monkeypatch) -> None:
+    root, outside = tmp_path / "runs", tmp_path / "precious"
+    ckpt_dir(outside / "run" / "checkpoint-1", age=90 * DAY)
+    ckpt_dir(root / "run" / "checkpoint-1", age=90 * DAY)
+    real_select = disk._select
+
+    def select_then_swap(*args: Any) -> Any:
+        chosen = real_select(*args)
+        shutil.rmtree(root / "run")
+        (root / "run").symlink_to(outside / "run", target_is_directory=True)  # the classic race
+        return chosen
+
+    monkeypatch.setattr(disk, "_select", select_then_swap)
+    with pytest.raises(ActionFailed, match="Nothing could be deleted"):
+        disk.cleanup([root], params(keep_last=0, older_than="1d"))
+    assert (outside / "run" / "checkpoint-1" / "model.safetensors").exists()
+
+
+def test_dot_dot_in_an_allow_root_is_resolved_and_cannot_widen_it(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    put(root / "r" / "old.pt", age=9 * DAY)
+    sibling = put(tmp_path / "other" / "old.pt", age=9 * DAY)
+    res = disk.cleanup([root / "r" / ".." / "r" / ".."], params(keep_last=0, older_than="1d"))
+    assert res["roots"] == [str(root.resolve())] and res["deleted"] == [str(root.resolve() / "r" / "old.pt")]
+    assert sibling.exists()
+    with pytest.raises(ValueError, match="anywhere on the host"):
+        disk.check_roots([tmp_path / ".." / ".." / ".." / ".." / ".." / ".." / ".." / ".."])
+
+
+@pytest.mark.parametrize("patterns", [["../*.pt"], [".."], ["r/*.pt"], ["/etc/*"], []])
+def test_patterns_name_entries_never_paths(patterns: list) -> None:
+    with pytest.raises(ParamError):
+        CATALOGUE["disk_cleanup"].parse({"patterns": patterns})
+
+
+def test_a_file_being_written_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    put(root / "r" / "old.pt", age=9 * DAY)
+    put(root / "r" / "writing.pt", age=5)
+    folder = ckpt_dir(root / "r" / "checkpoint-9", age=9 * DAY)
+    put(folder / "optimizer.pt.tmp", age=2)  # a save still in progress inside an old-looking folder
+    res = disk.cleanup([root], params(keep_last=0, older_than=0))
+    assert res["deleted"] == [str(root / "r" / "old.pt")]
+    assert sorted(x["path"] for x in res["left_alone"]) == [str(folder), str(root / "r" / "writing.pt")]
+    assert {x["reason"] for x in res["left_alone"]} == {"modified in the last minute"}
+    assert (root / "r" / "writing.pt").exists() and folder.exists()
+
+
+def test_a_dry_run_lists_what_would_go_and_deletes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    files = [put(root / "r" / f"ckpt-{i}.pt", 100, age=(20 - i) * DAY) for i in range(4)]
+    res = disk.cleanup([root], params(keep_last=1, older_than="1d"), dry_run=True)
+    assert res["dry_run"] is True and res["deleted"] == [] and res["bytes_freed"] == 0
+    assert sorted(res["would_delete"]) == sorted(map(str, files[:3])) and res["bytes_would_free"] == 300
+    assert all(f.exists() for f in files)
+
+
+def test_an_allow_root_that_does_not_exist_is_a_clear_failure(tmp_path: Path) -> None:
+    put(tmp_path / "runs" / "old.pt", age=9 * DAY)
+    with pytest.raises(ActionFailed) as err:
+        disk.cleanup([tmp_path / "runs", tmp_path / "gone"], params())
+    assert err.value.reason == f"The allow-root {tmp_path / 'gone'} does not exist or is not a folder; nothing was deleted."
+    assert (tmp_path / "runs" / "old.pt").exists()
+    with pytest.raises(ActionFailed, match="without --allow-root"):
+        disk.cleanup([], params())
+
+
+def test_nested_allow_roots_are_walked_once(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    put(root / "a" / "b" / "old.pt", 700, age=9 * DAY)
+    res = disk.cleanup([root, root / "a", root / "a" / "b"], params(keep_last=0, older_than="1d"))
+    assert res["roots"] == [str(root)] and res["bytes_freed"] == 700
+
+
+# -- end to end: the shipped disk-space-low playbook, a real agent subprocess
+
+
+def disk_alert(node: str, fingerprint: str) -> dict:
+    return {"receiver": "trainmedic", "status": "firing", "version": "4", "groupKey": "{}:{}", "truncatedAlerts": 0,
+            "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am",
+            "alerts": [{"status": "firing", "labels": {"alertname": "DiskSpaceLow", "instance": f"{node}:9100",
+                                                       "mountpoint": "/data"},
+                        "annotations": {}, "startsAt": "2026-11-22T01:25:24Z", "endsAt": "0001-01-01T00:00:00Z",
+                        "generatorURL": "", "fingerprint": fingerprint}]}
+
+
+def run_tree(root: Path) -> list[Path]:
+    return [ckpt_dir(root / "llama" / f"checkpoint-{s}", 2000, age=(40 - s) * DAY) for s in range(1, 6)]
+
+
+def test_the_agent_cleans_its_allow_root_when_disk_space_is_low(agents, http, r, tmp_path: Path) -> None:
+    root = tmp_path / "data" / "runs"
+    ckpts = run_tree(root)
+    agents("gpu-node-7", allow_roots=[root]).wait_ready(r)
+    resp = post_json(http, "/webhook", disk_alert("gpu-node-7", "d15c000000000001"))
+    rec = wait_record(r, resp.get_json()["remediations"][0]["id"])
+    res = rec["actions"][0]["result"]
+    assert rec["status"] == "applied", rec
+    assert sorted(res["deleted"]) == sorted(map(str, ckpts[:2])) and res["bytes_freed"] == 4000
+    assert [c.exists() for c in ckpts] == [False, False, True, True, True]
+
+
+def test_a_dry_run_agent_only_lists_and_a_missing_root_fails(agents, http, r, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    ckpts = run_tree(root)
+    agents("gpu-node-8", allow_roots=[root], dry_run=True).wait_ready(r)
+    agents("gpu-node-9", allow_roots=[tmp_path / "not-there"]).wait_ready(r)
+    dry = post_json(http, "/webhook", disk_alert("gpu-node-8", "d15c000000000002")).get_json()
+    missing = post_json(http, "/webhook", disk_alert("gpu-node-9", "d15c000000000003")).get_json()
+    rec = wait_record(r, dry["remediations"][0]["id"], done=("failed", "applied"))
+    act = rec["actions"][0]
+    assert act["status"] == "skipped" and sorted(act["result"]["would_delete"]) == sorted(map(str, ckpts[:2]))
+    assert all(c.exists() for c in ckpts)
+    rec = wait_record(r, missing["remediations"][0]["id"])
+    assert rec["status"] == "failed"
+    assert rec["actions"][0]["result"]["reason"] == (
+        f"The allow-root {tmp_path / 'not-there'} does not exist or is not a folder; nothing was deleted.")
