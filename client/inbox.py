@@ -6,14 +6,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 
 from . import keys
 from .mailbox import Entry, Mailbox
 from .protocol import Ack
-from .redis_conn import connect
+from .redis_conn import DEFAULT_TIMEOUT, connect
 
 log = logging.getLogger("trainmedic.client")
 
@@ -21,22 +21,29 @@ log = logging.getLogger("trainmedic.client")
 # published while we were reconnecting, the stream does not.
 RESCAN_INTERVAL = 2.0
 MAX_BACKOFF = 5.0
+FIRST_BACKOFF = 0.1
 
 
 class Inbox:
     """Receives claimed commands into `ready` (a deque) and sends queued acks, both in daemon threads."""
 
     def __init__(self, url: str, target: keys.Target, info: Callable[[], dict],
-                 heartbeat_interval: float = 5.0, name: str = "trainmedic"):
+                 heartbeat_interval: float = 5.0, name: str = "trainmedic", *, max_backoff: float = MAX_BACKOFF,
+                 timeout: float = DEFAULT_TIMEOUT, client_name: str | None = None):
         self.url = url
         self.target = target
         self.info = info
         self.heartbeat_interval = heartbeat_interval
+        self.max_backoff = max(max_backoff, FIRST_BACKOFF)
+        self.timeout = timeout
+        self._conn_kw: dict[str, Any] = {"client_name": client_name} if client_name else {}
+        # deque append/popleft are atomic: the receiver appends, poll() pops, no lock on the hot path.
         self.ready: collections.deque[Entry] = collections.deque()
         self._acks: queue.Queue[Ack | None] = queue.Queue()
         self._stop = threading.Event()
-        self._down_logged = False
         self._lock = threading.Lock()
+        self._failing: set[str] = set()  # which threads currently cannot reach Redis
+        self.outages = 0
         self._threads = [
             threading.Thread(target=self._receive_loop, name=f"{name}-receive", daemon=True),
             threading.Thread(target=self._ack_loop, name=f"{name}-ack", daemon=True),
@@ -56,58 +63,75 @@ class Inbox:
         """Stop both threads, giving queued acks up to `timeout` seconds to go out."""
         self._acks.put(None)
         deadline = time.monotonic() + timeout
-        self._threads[1].join(max(0.0, deadline - time.monotonic()))
+        if self._threads[1].is_alive():
+            self._threads[1].join(max(0.0, deadline - time.monotonic()))
         self._stop.set()
-        self._threads[0].join(max(0.0, deadline - time.monotonic()))
+        if self._threads[0].is_alive():
+            self._threads[0].join(max(0.0, deadline - time.monotonic()))
 
     @property
     def pending_acks(self) -> int:
         return self._acks.qsize()
 
-    # -- health, logged once per outage rather than once per attempt
-    def _down(self, exc: Exception) -> None:
+    @property
+    def connected(self) -> bool:
+        """False from the first failed Redis call until the next successful one."""
         with self._lock:
-            if not self._down_logged:
-                log.warning("trainmedic: Redis unavailable for %s (%s); training continues, will retry",
-                            self.target.label, exc)
-                self._down_logged = True
+            return not self._failing
 
-    def _up(self) -> None:
+    # -- health: one warning when an outage starts, one info line when it ends, nothing per retry
+    def _down(self, who: str, exc: BaseException) -> None:
         with self._lock:
-            if self._down_logged:
-                log.warning("trainmedic: Redis reachable again for %s", self.target.label)
-                self._down_logged = False
+            first = not self._failing
+            self._failing.add(who)
+            if first:
+                self.outages += 1
+        if first:
+            log.warning("trainmedic: Redis unreachable for %s (%s: %s); training continues, retrying in the "
+                        "background", self.target.label, type(exc).__name__, exc)
+
+    def _up(self, who: str) -> None:
+        with self._lock:
+            if who not in self._failing:
+                return
+            self._failing.discard(who)
+            last = not self._failing
+        if last:
+            log.info("trainmedic: Redis reachable again for %s", self.target.label)
+
+    def _connect(self) -> redis.Redis:
+        return connect(self.url, timeout=self.timeout, **self._conn_kw)
 
     # -- receiving
     def _receive_loop(self) -> None:
-        backoff = 0.2
+        backoff = FIRST_BACKOFF
         while not self._stop.is_set():
             r = None
             pubsub = None
             try:
-                r = connect(self.url)
+                r = self._connect()
                 mb = Mailbox(r, self.target)
                 pubsub = r.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(keys.wake_channel(self.target))
-                last_beat = 0.0
-                last_scan = 0.0
+                last_beat = float("-inf")
+                last_scan = float("-inf")
                 woken = True
                 while not self._stop.is_set():
                     now = time.monotonic()
                     if now - last_beat >= self.heartbeat_interval:
-                        mb.heartbeat(self.info())
+                        mb.heartbeat(self._info())
                         last_beat = now
                     if woken or now - last_scan >= RESCAN_INTERVAL:
                         self._drain(mb)
                         last_scan = now
-                    self._up()
-                    backoff = 0.2
-                    msg = pubsub.get_message(timeout=min(RESCAN_INTERVAL, self.heartbeat_interval, 1.0))
+                    self._up("receive")
+                    backoff = FIRST_BACKOFF
+                    msg = pubsub.get_message(timeout=min(RESCAN_INTERVAL, self.heartbeat_interval, 0.5))
                     woken = msg is not None
-            except redis.RedisError as exc:
-                self._down(exc)
-            except Exception:  # a bug here must not kill the receiver for good
-                log.exception("trainmedic: receiver error for %s", self.target.label)
+            except Exception as exc:  # Redis errors and bugs alike: never let the receiver die for good
+                if not isinstance(exc, redis.RedisError):
+                    log.debug("trainmedic: receiver error", exc_info=True)
+                self._down("receive", exc)
             finally:
                 for c in (pubsub, r):
                     try:
@@ -116,10 +140,16 @@ class Inbox:
                     except Exception:
                         pass
             self._stop.wait(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+            backoff = min(backoff * 2, self.max_backoff)
+
+    def _info(self) -> dict:
+        try:
+            return self.info()
+        except Exception:
+            return {}
 
     def _drain(self, mb: Mailbox) -> None:
-        while True:
+        while not self._stop.is_set():
             entries = mb.fetch()
             for e in entries:
                 # The claim moves the cursor in Redis first: a command is applied at most once,
@@ -132,7 +162,7 @@ class Inbox:
     # -- acking
     def _ack_loop(self) -> None:
         r = None
-        backoff = 0.2
+        backoff = FIRST_BACKOFF
         batch: list[Ack] = []
         closing = False
         while True:
@@ -152,19 +182,26 @@ class Inbox:
                 batch.append(item)
             try:
                 if r is None:
-                    r = connect(self.url)
-                Mailbox(r, self.target).ack(batch)
+                    r = self._connect()
+                Mailbox(r, self.target).ack(batch)  # idempotent: a retried ack never overwrites a final one
                 batch = []
-                backoff = 0.2
-                self._up()
+                backoff = FIRST_BACKOFF
+                self._up("ack")
                 if closing:
                     return
             except redis.RedisError as exc:
-                self._down(exc)
+                self._down("ack", exc)
+                try:
+                    if r is not None:
+                        r.close()
+                except Exception:
+                    pass
                 r = None
-                if closing or self._stop.wait(backoff):
+                if closing and self._stop.is_set():
                     return
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.max_backoff)
             except Exception:
                 log.exception("trainmedic: could not send acks for %s", self.target.label)
                 batch = []

@@ -1,0 +1,105 @@
+"""Ranks in lockstep: rank 0 hands its received commands to every rank in one small collective."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .protocol import ACK_STATUSES, Command, ProtocolError
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A mailbox entry as every rank applies it; rank 0 decided expiry, so all ranks agree."""
+
+    entry_id: str
+    command: Command | None
+    error: str | None
+    expired: bool
+
+
+def env_rank() -> int:
+    """The rank torchrun / SLURM / MPI launchers announce before torch.distributed is initialised."""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return 0
+
+
+class Ranks:
+    """This process's place in torch.distributed (world 1 when not initialised) and the lockstep collectives."""
+
+    def __init__(self, rank: int = 0, world: int = 1):
+        self.rank = rank
+        self.world = world
+        self.calls = 0
+        self._device: Any = None
+        self._size: Any = None
+
+    @classmethod
+    def detect(cls) -> "Ranks":
+        """The initialised process group, if any; never imports torch itself (no torch, no group)."""
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                return cls(dist.get_rank(), dist.get_world_size())
+        except Exception:
+            pass
+        return cls()
+
+    def due(self, step: int | None, sync_every: int) -> bool:
+        """Whether this poll joins the collective: by step when given (ranks agree on it), else by call count."""
+        self.calls += 1
+        return (self.calls if step is None else step) % sync_every == 0
+
+    def _tensors(self) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        if self._device is None:
+            # NCCL moves only CUDA tensors; gloo (and mpi) move CPU ones. Same code path otherwise.
+            nccl = dist.get_backend() == "nccl"
+            self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+            self._size = torch.zeros(1, dtype=torch.int64, device=self._device)
+        return torch, dist
+
+    def exchange(self, take: Callable[[], list[Delivery]]) -> list[Delivery]:
+        """All ranks receive rank 0's pending deliveries (take() runs on rank 0 only)."""
+        torch, dist = self._tensors()
+        payload = b""
+        if self.rank == 0:
+            taken = take()
+            if taken:
+                payload = json.dumps([[d.entry_id, d.command.to_json() if d.command else None, d.error, d.expired]
+                                      for d in taken]).encode()
+        self._size.fill_(len(payload))
+        dist.broadcast(self._size, 0)  # the whole cost of an idle sync: one 8-byte broadcast
+        n = int(self._size.item())
+        if n == 0:
+            return []
+        if self.rank == 0:
+            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
+        else:
+            buf = torch.empty(n, dtype=torch.uint8, device=self._device)
+        dist.broadcast(buf, 0)
+        out = []
+        for eid, text, err, expired in json.loads(bytes(buf.cpu().tolist()).decode()):
+            try:
+                cmd = Command.from_json(text) if text else None
+            except ProtocolError as exc:
+                cmd, err = None, str(exc)
+            out.append(Delivery(eid, cmd, err, bool(expired)))
+        return out
+
+    def tally(self, statuses: Sequence[str]) -> list[dict[str, int]]:
+        """How many ranks reported each status, per action (every rank calls this with as many statuses)."""
+        torch, dist = self._tensors()
+        counts = torch.zeros((len(statuses), len(ACK_STATUSES)), dtype=torch.int64, device=self._device)
+        for i, st in enumerate(statuses):
+            counts[i, ACK_STATUSES.index(st)] = 1
+        dist.all_reduce(counts)
+        rows = counts.cpu().tolist()
+        return [{s: int(c) for s, c in zip(ACK_STATUSES, row) if c} for row in rows]

@@ -1,0 +1,331 @@
+"""RemediationClient against the real service and Redis: handlers, statuses, expiry, restarts, the idle path."""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import redis
+import torch
+
+from client import RemediationClient, keys
+from client.mailbox import Mailbox
+from tests.jobs import job_app, mailbox_entries, send, trigger, wait_record, wait_until
+
+JOB = "llama-ft-01"
+
+
+class Loop:
+    """A real (tiny) training loop: SGD with a StepLR schedule, polling the client every step."""
+
+    def __init__(self, redis_url: str, job: str = JOB, optimizer: bool = True, **kw: Any):
+        self.param = torch.nn.Parameter(torch.ones(3))
+        self.opt = torch.optim.SGD([self.param], lr=0.1)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1000, gamma=0.5)
+        kw.setdefault("heartbeat_interval", 0.2)
+        kw.setdefault("max_backoff", 0.3)
+        self.rc = RemediationClient(job=job, redis_url=redis_url, optimizer=self.opt if optimizer else None,
+                                    scheduler=self.sched if optimizer else None, **kw)
+        self.t = 0
+        self.acks: list = []
+
+    def tick(self) -> None:
+        loss = (self.param ** 2).sum()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.sched.step()
+        self.t += 1
+        self.acks += self.rc.poll(step=self.t)
+        time.sleep(0.002)
+
+    @property
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+
+@pytest.fixture
+def loops(redis_url: str) -> Iterator[Any]:
+    made: list[Loop] = []
+
+    def make(**kw: Any) -> Loop:
+        loop = Loop(redis_url, **kw)
+        made.append(loop)
+        return loop
+    yield make
+    for loop in made:
+        loop.rc.close()
+
+
+@pytest.fixture
+def jobs_http(make_app: Any, tmp_path: Path) -> Any:
+    return job_app(make_app, tmp_path).test_client()
+
+
+def test_it_halves_the_lr_sent_through_the_service_and_acks_old_new_and_step(r: redis.Redis, jobs_http: Any,
+                                                                             loops: Any) -> None:
+    loop = loops()
+    rec = trigger(jobs_http, "halve-lr", JOB)
+    done = wait_record(r, rec["id"], tick=loop.tick)
+    assert done["status"] == "applied"
+    action = done["actions"][0]
+    assert action["status"] == "applied"
+    assert action["result"]["old_lr"] == [pytest.approx(0.1)]
+    assert action["result"]["new_lr"] == [pytest.approx(0.05)]
+    assert 1 <= action["result"]["step"] <= loop.t
+    assert action["acked_by"] == f"{socket.gethostname()}:{__import__('os').getpid()}"
+    assert loop.lr == pytest.approx(0.05)
+    assert [a.status for a in loop.acks] == ["applied"]
+
+
+def test_it_calls_a_registered_handler_with_the_params_and_records_its_result(r: redis.Redis, jobs_http: Any,
+                                                                             loops: Any) -> None:
+    loop = loops()
+    seen: list[dict] = []
+
+    @loop.rc.handler("reduce_batch_size")
+    def shrink(params: dict) -> dict:
+        seen.append(params)
+        return {"batch_size": 16}
+
+    rec = trigger(jobs_http, "free-memory", JOB)
+    done = wait_record(r, rec["id"], tick=loop.tick)
+    assert seen == [{"factor": 0.5, "min": 1}]
+    by_action = {a["action"]: a for a in done["actions"]}
+    assert by_action["reduce_batch_size"]["status"] == "applied"
+    assert by_action["reduce_batch_size"]["result"]["batch_size"] == 16
+    # No GPU here: empty_cache degrades to skipped, it does not fail.
+    assert by_action["empty_cache"]["status"] == "skipped"
+    assert by_action["empty_cache"]["result"]["cuda"] is False
+
+
+def test_an_action_without_handler_is_unsupported_and_the_rest_still_runs(r: redis.Redis, jobs_http: Any,
+                                                                          loops: Any) -> None:
+    loop = loops()
+    rec = trigger(jobs_http, "rollback-then-halve", JOB)
+    done = wait_record(r, rec["id"], tick=loop.tick)
+    assert [a["status"] for a in done["actions"]] == ["unsupported", "applied"]
+    assert done["status"] == "partially_applied"
+    assert "rollback_checkpoint" in done["actions"][0]["result"]["reason"]
+
+
+def test_a_handler_that_raises_fails_its_action_and_training_goes_on(r: redis.Redis, jobs_http: Any,
+                                                                     loops: Any, caplog: Any) -> None:
+    loop = loops()
+
+    @loop.rc.handler("rollback_checkpoint")
+    def rollback(params: dict) -> dict:
+        raise RuntimeError("no checkpoint on disk")
+
+    with caplog.at_level(logging.WARNING, logger="trainmedic"):
+        rec = trigger(jobs_http, "rollback-then-halve", JOB)
+        done = wait_record(r, rec["id"], tick=loop.tick)
+        for _ in range(20):
+            loop.tick()
+    assert [a["status"] for a in done["actions"]] == ["failed", "applied"]
+    assert done["actions"][0]["result"]["error"] == "RuntimeError: no checkpoint on disk"
+    assert loop.lr == pytest.approx(0.05)
+    assert sum("no checkpoint on disk" in m for m in caplog.messages) == 1
+
+
+def test_an_unknown_action_is_acked_unsupported(r: redis.Redis, loops: Any) -> None:
+    loop = loops()
+    rid = send(r, JOB, "do_a_barrel_roll", {"speed": 3})
+    done = wait_record(r, rid, tick=loop.tick)
+    assert done["actions"][0]["status"] == "unsupported"
+    assert done["status"] == "failed"
+
+
+def test_bad_params_fail_the_action_with_the_reason(r: redis.Redis, loops: Any) -> None:
+    loop = loops()
+    rid = send(r, JOB, "scale_lr", {"factor": 50})
+    done = wait_record(r, rid, tick=loop.tick)
+    assert done["actions"][0]["status"] == "failed"
+    assert "factor" in done["actions"][0]["result"]["error"]
+    assert loop.lr == pytest.approx(0.1)
+
+
+def test_scale_lr_without_an_optimizer_is_unsupported(r: redis.Redis, loops: Any) -> None:
+    loop = loops(optimizer=False)
+    rid = send(r, JOB, "scale_lr", {"factor": 0.5})
+    done = wait_record(r, rid, tick=loop.tick)
+    assert done["actions"][0]["status"] == "unsupported"
+    assert "optimizer" in done["actions"][0]["result"]["reason"]
+
+
+def test_set_lr_sets_it_and_the_ack_has_both_values(r: redis.Redis, loops: Any) -> None:
+    loop = loops()
+    rid = send(r, JOB, "set_lr", {"lr": 0.003})
+    done = wait_record(r, rid, tick=loop.tick)
+    assert done["actions"][0]["result"]["new_lr"] == [0.003]
+    assert loop.lr == 0.003
+
+
+def test_commands_sent_before_the_trainer_started_are_applied_once_it_starts(r: redis.Redis, jobs_http: Any,
+                                                                             loops: Any) -> None:
+    first = trigger(jobs_http, "halve-lr", JOB)
+    second = trigger(jobs_http, "halve-lr", JOB)
+    loop = loops()
+    wait_record(r, second["id"], tick=loop.tick)
+    assert wait_record(r, first["id"])["status"] == "applied"
+    assert loop.lr == pytest.approx(0.025)
+
+
+def test_an_expired_command_is_acked_expired_and_not_applied(r: redis.Redis, loops: Any) -> None:
+    rid = send(r, JOB, "scale_lr", {"factor": 0.5}, expire_after=0.3)
+    time.sleep(0.5)
+    loop = loops()
+    done = wait_record(r, rid, tick=loop.tick)
+    assert done["actions"][0]["status"] == "expired"
+    assert done["status"] == "expired"
+    assert loop.lr == pytest.approx(0.1)
+
+
+def test_malformed_entries_are_skipped_with_a_warning_and_later_commands_still_apply(
+        r: redis.Redis, loops: Any, caplog: Any) -> None:
+    stream = keys.mailbox(keys.Target("job", JOB))
+    other = send(r, "someone-else", "scale_lr", {"factor": 0.5})
+    foreign = r.xrange(keys.mailbox(keys.Target("job", "someone-else")))[0][1]["c"]
+    r.xadd(stream, {"c": "{not json"})
+    r.xadd(stream, {"c": json.dumps({"v": 99, "record_id": "x"})})
+    r.xadd(stream, {"nothing": "here"})
+    r.xadd(stream, {"c": foreign})  # a command for another job must not run here
+    with caplog.at_level(logging.WARNING, logger="trainmedic"):
+        loop = loops()
+        rid = send(r, JOB, "scale_lr", {"factor": 0.5})
+        done = wait_record(r, rid, tick=loop.tick)
+    assert done["status"] == "applied"
+    assert loop.lr == pytest.approx(0.05)
+    assert sum("malformed" in m for m in caplog.messages) == 4
+    assert Mailbox(r, keys.Target("job", JOB)).cursor() == mailbox_entries(r, JOB)[-1][0]
+    assert wait_record(r, other, until=lambda rec: True)["status"] == "dispatched"
+
+
+def test_a_restarted_trainer_does_not_repeat_what_it_applied(r: redis.Redis, jobs_http: Any, loops: Any) -> None:
+    calls: list[str] = []
+    before = loops()
+    before.rc.register("save_checkpoint", lambda p: calls.append("before"))
+    rec = trigger(jobs_http, "save", JOB)
+    wait_record(r, rec["id"], tick=before.tick)
+    before.rc.close()
+
+    after = loops()
+    after.rc.register("save_checkpoint", lambda p: calls.append("after"))
+    for _ in range(100):  # long enough for the receiver to have read the mailbox several times
+        after.tick()
+    assert calls == ["before"]
+    rec2 = trigger(jobs_http, "save", JOB)
+    wait_record(r, rec2["id"], tick=after.tick)
+    for _ in range(50):
+        after.tick()
+    assert calls == ["before", "after"]
+
+
+def test_a_command_received_but_not_applied_before_close_is_acked_skipped_not_replayed(
+        r: redis.Redis, jobs_http: Any, loops: Any) -> None:
+    first = loops()
+    rec = trigger(jobs_http, "halve-lr", JOB)
+    wait_until(lambda: first.rc._inbox.ready, what="the command received")  # received (and claimed) in the background, not applied: no poll yet
+    first.rc.close()
+    done = wait_record(r, rec["id"])
+    assert done["actions"][0]["status"] == "skipped"
+    assert first.lr == pytest.approx(0.1)
+
+    second = loops()
+    for _ in range(100):
+        second.tick()
+    assert second.lr == pytest.approx(0.1)
+    assert second.acks == []
+
+
+def _network_calls(fn: Any) -> list[str]:
+    """Every socket method and redis-py function the current thread calls while fn runs."""
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and isinstance(getattr(arg, "__self__", None), socket.socket):
+            seen.append(f"socket.{arg.__name__}")
+        elif event == "call" and frame.f_globals.get("__name__", "").startswith("redis"):
+            seen.append(f"{frame.f_globals['__name__']}.{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_the_probe_sees_network_calls(r: redis.Redis) -> None:
+    # The check below is only worth something if it can see a Redis round trip.
+    assert any(c.startswith("socket.") for c in _network_calls(r.ping))
+
+
+def test_an_idle_poll_does_no_network_io(r: redis.Redis, loops: Any) -> None:
+    loop = loops()
+    wait_until(lambda: r.exists(keys.heartbeat(keys.Target("job", JOB))), what="a heartbeat")
+    calls = _network_calls(lambda: [loop.rc.poll(step=i) for i in range(20000)])
+    assert calls == []
+
+
+def test_a_poll_that_applies_a_command_does_no_network_io_either(r: redis.Redis, loops: Any) -> None:
+    loop = loops()
+    rid = send(r, JOB, "scale_lr", {"factor": 0.5})
+    wait_until(lambda: loop.rc._inbox.ready, what="the command received")
+    acks: list = []
+    calls = _network_calls(lambda: acks.extend(loop.rc.poll(step=7)))
+    assert calls == []
+    assert [a.status for a in acks] == ["applied"] and acks[0].result["step"] == 7
+    assert wait_record(r, rid)["status"] == "applied"  # the ack thread sent it
+
+
+def test_the_heartbeat_shows_the_job_on_get_targets(r: redis.Redis, jobs_http: Any, loops: Any) -> None:
+    loop = loops()
+    for _ in range(5):
+        loop.tick()
+
+    def shown() -> bool:
+        items = [t for t in jobs_http.get("/targets").get_json()["targets"] if t["name"] == JOB]
+        return bool(items) and items[0].get("step") == 5
+
+    wait_until(shown, what="the job on /targets")
+    item = next(t for t in jobs_http.get("/targets").get_json()["targets"] if t["name"] == JOB)
+    assert item["kind"] == "job"
+    assert item["host"] == socket.gethostname()
+    assert item["pid"] == __import__("os").getpid()
+    assert item["ranks"] == 1
+    assert item["lr"] == [pytest.approx(0.1)]
+    assert item["age_seconds"] < 5
+
+
+def test_poll_never_raises_even_when_applying_blows_up(loops: Any, caplog: Any) -> None:
+    loop = loops(start=False)
+    loop.rc.optimizer = object()  # not an optimizer at all: scale_lr fails inside
+    from client.mailbox import Entry
+    from client.protocol import ActionCall, Command
+
+    cmd = Command(f"{'0' * 26}~job~{JOB}", "job", JOB, (ActionCall(0, "scale_lr", {"factor": 0.5}),),
+                  time.time(), time.time() + 60)
+    loop.rc._inbox.ready.append(Entry("1-0", cmd))
+    acks = loop.rc.poll(step=3)
+    assert [a.status for a in acks] == ["failed"]
+
+
+@pytest.mark.parametrize("kw", [{"job": "bad name"}, {"job": ""}, {"sync_every": 0}, {"redis_url": "http://x"}])
+def test_it_refuses_bad_arguments_at_construction(redis_url: str, kw: dict, monkeypatch: Any) -> None:
+    monkeypatch.delenv("TRAINMEDIC_JOB", raising=False)
+    args = {"job": JOB, "redis_url": redis_url, "start": False, **kw}
+    with pytest.raises(ValueError):
+        RemediationClient(**args)
+
+
+def test_the_job_and_url_come_from_the_environment(redis_url: str, monkeypatch: Any) -> None:
+    monkeypatch.setenv("TRAINMEDIC_JOB", "from-env")
+    monkeypatch.setenv("TRAINMEDIC_REDIS_URL", redis_url)
+    with RemediationClient(start=False) as rc:
+        assert rc.job == "from-env" and rc.url == redis_url
