@@ -16,6 +16,7 @@ from client.mailbox import Entry, Mailbox
 from client.protocol import Ack, Command
 from client.redis_conn import connect
 
+from ..logs import remediation
 from . import disk
 from .nvml import PowerLimiter, inventory
 from .outcome import ActionFailed, ActionSkipped
@@ -97,7 +98,8 @@ class Agent:
             else:
                 status, result = self.run(call.action, call.params, cmd.context)
             acks.append(Ack(cmd.record_id, call.index, call.action, status, result, self.identity))
-            log.info("%s %s for %s: %s", call.action, status, cmd.record_id, result.get("reason", ""))
+            log.info("%s %s for %s: %s", call.action, status, cmd.record_id, result.get("reason", ""),
+                     extra=remediation(cmd.record_id, None, self.target, action=call.action, status=status))
         return acks
 
     def run(self, action: str, params: dict, context: dict) -> tuple[str, dict]:
@@ -134,7 +136,7 @@ class Agent:
         """Apply commands as they arrive until stop() is called."""
         self.inbox.start()
         log.info("agent for node %s up (gpus: %d%s, allow-roots: %s%s)", self.node, len(self.gpus),
-                 f", NVML: {self.nvml_problem}" if self.nvml_problem else "",
+                 f", NVML: {self.nvml_problem.rstrip('.')}" if self.nvml_problem else "",
                  ", ".join(map(str, self.allow_roots)) or "none", ", dry run" if self.dry_run else "")
         try:
             while not self._stop.is_set():

@@ -131,7 +131,8 @@ class AgentProcess:
         raise RuntimeError(f"agent sent no heartbeat within {timeout}s: {self.log()[-2000:]}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
@@ -143,7 +144,8 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
         return self.proc.returncode
 
 

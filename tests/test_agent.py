@@ -1,0 +1,167 @@
+"""`trainmedic agent` as a real process: heartbeat, mailbox protocol, expiry, bad commands, signals, Redis restarts."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from client import keys
+from client.protocol import rfc3339
+from service import alerts, dispatch
+from service.embedded_redis import EmbeddedRedis
+from service.playbooks import Playbook, Step
+from service.targets import Resolution
+
+from .conftest import ROOT
+from .nvml_stub import AgentProcess, agents, nvml_lib, nvml_state, wait_record  # noqa: F401
+
+NODE = "gpu-node-3"
+
+
+def inject(r: redis.Redis, steps: list[tuple[str, dict]], node: str = NODE, context: dict | None = None,
+           expire_after: float = 3600.0) -> str:
+    """Dispatch a command straight through the DECIDE script, bypassing playbook validation; its record id."""
+    pb = Playbook(name="manual", matchers=(), target="node", actions=tuple(Step(a, p) for a, p in steps),
+                  expire_after=expire_after)
+    alert = alerts.parse_alert({"status": "firing", "startsAt": rfc3339(),
+                                "labels": {"alertname": "manual", "node": node}}, "test")
+    d = dispatch.Decision(pb, "manual", alert, Resolution(keys.Target("node", node), context or {}))
+    out = dispatch.Dispatcher(r, dispatch.Settings()).execute([d])[0]
+    assert out.status == "dispatched", out
+    return out.record_id
+
+
+def test_it_heartbeats_so_get_targets_lists_it(agents, nvml_lib, nvml_state, http, r, tmp_path: Path) -> None:
+    (tmp_path / "ckpts").mkdir()
+    agent = agents(NODE, lib_dir=nvml_lib, state=nvml_state, allow_roots=[tmp_path / "ckpts"])
+    agent.wait_ready(r)
+    targets = http.get("/targets").get_json()["targets"]
+    mine = [t for t in targets if (t["kind"], t["name"]) == ("node", NODE)]
+    assert len(mine) == 1, targets
+    t = mine[0]
+    assert t["pid"] == agent.proc.pid and t["host"] and t["age_seconds"] < 30
+    assert [g["uuid"] for g in t["gpus"]] == ["GPU-0a1b2c3d-0000-1111-2222-333344445555",
+                                             "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"]
+    assert t["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert t["allow_roots"] == [str(tmp_path / "ckpts")] and t["dry_run"] is False
+
+
+def test_it_stops_cleanly_on_sigterm_and_on_sigint(agents, r) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        agent = agents(NODE)
+        agent.wait_ready(r)
+        t0 = time.monotonic()
+        assert agent.stop(sig) == 0
+        assert time.monotonic() - t0 < 8
+        assert "Traceback" not in agent.log() and f"agent for node {NODE} stopped" in agent.log()
+
+
+def test_commands_sent_while_it_was_down_are_applied_when_it_starts(agents, r, tmp_path: Path) -> None:
+    (tmp_path / "ckpts").mkdir()
+    rid = inject(r, [("disk_cleanup", {"keep_last": 1})])
+    agents(NODE, allow_roots=[tmp_path / "ckpts"]).wait_ready(r)
+    rec = wait_record(r, rid)
+    assert rec["status"] == "applied" and rec["actions"][0]["result"]["deleted"] == []
+
+
+def test_a_command_that_expired_before_it_started_is_acked_expired(agents, r, tmp_path: Path) -> None:
+    (tmp_path / "ckpts").mkdir()
+    rid = inject(r, [("disk_cleanup", {}), ("restore_power_limit", {})], expire_after=0.3)
+    time.sleep(0.5)
+    agents(NODE, allow_roots=[tmp_path / "ckpts"]).wait_ready(r)
+    rec = wait_record(r, rid)
+    assert rec["status"] == "expired"
+    assert [a["status"] for a in rec["actions"]] == ["expired", "expired"]
+    assert "expired" in rec["actions"][0]["result"]["reason"]
+
+
+def test_unknown_and_in_loop_actions_are_unsupported_and_bad_params_fail(agents, r) -> None:
+    agent = agents(NODE)
+    agent.wait_ready(r)
+    rid = inject(r, [("reboot_node", {}), ("scale_lr", {"factor": 0.5}), ("power_limit", {"watts": 100,
+                                                                                          "fraction": 0.5}),
+                     ("disk_cleanup", {"patterns": ["../../etc/*"]})])
+    rec = wait_record(r, rid)
+    got = [(a["status"], a["result"]["reason"]) for a in rec["actions"]]
+    assert got == [
+        ("unsupported", "The node agent does not know the action 'reboot_node'."),
+        ("unsupported", "scale_lr runs in a training job, not on a node agent."),
+        ("failed", "Bad parameters: power_limit needs exactly one of 'watts' or 'fraction'."),
+        ("failed", "Bad parameters: patterns: pattern '../../etc/*' must name an entry, not a path."),
+    ]
+    assert rec["status"] == "failed" and agent.proc.poll() is None
+
+
+def test_a_malformed_mailbox_entry_is_skipped_and_the_next_command_applied(agents, r, tmp_path: Path) -> None:
+    (tmp_path / "ckpts").mkdir()
+    agent = agents(NODE, allow_roots=[tmp_path / "ckpts"])
+    agent.wait_ready(r)
+    target = keys.Target("node", NODE)
+    r.xadd(keys.mailbox(target), {"c": "{not json"})
+    r.xadd(keys.mailbox(target), {"c": json.dumps({"v": 99})})
+    rid = inject(r, [("disk_cleanup", {})])
+    assert wait_record(r, rid)["status"] == "applied"
+    assert agent.proc.poll() is None and "malformed command" in agent.log()
+
+
+def test_two_agents_for_one_node_apply_each_command_once(agents, r, tmp_path: Path) -> None:
+    (tmp_path / "ckpts").mkdir()
+    pair = [agents(NODE, allow_roots=[tmp_path / "ckpts"]) for _ in range(2)]
+    for a in pair:
+        a.wait_ready(r, timeout=30)  # both heartbeat on one key; each waits for its own pid
+    ids = [inject(r, [("disk_cleanup", {})]) for _ in range(20)]
+    for rid in ids:
+        assert wait_record(r, rid)["status"] == "applied"
+    lines = (pair[0].log() + pair[1].log()).splitlines()
+    assert [sum(rid in line for line in lines) for rid in ids] == [1] * 20  # one "applied" log line each
+
+
+def test_it_survives_a_redis_restart(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=True).start()
+    (tmp_path / "ckpts").mkdir()
+    agent = AgentProcess(NODE, server.url, tmp_path / "agent.log", allow_roots=[tmp_path / "ckpts"])
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        agent.wait_ready(r)
+        assert wait_record(r, inject(r, [("disk_cleanup", {})]))["status"] == "applied"
+        server.stop()
+        time.sleep(1.0)  # the agent notices: its receiver and heartbeats fail and back off
+        server.start()
+        rid = inject(r, [("disk_cleanup", {})])
+        assert wait_record(r, rid, timeout=20)["status"] == "applied"
+        assert agent.proc.poll() is None
+        assert agent.stop() == 0
+    finally:
+        agent.stop()
+        r.close()
+        server.stop()
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=full)
+
+
+def test_bad_agent_flags_are_one_line_errors(redis_url: str) -> None:
+    cases = [
+        (["agent", "--node", "no spaces!"], "--node must match"),
+        (["agent", "--node", NODE], "no Redis URL"),
+        (["agent", "--node", NODE, "--redis-url", redis_url, "--allow-root", "/"], "anywhere on the host"),
+        (["agent", "--node", NODE, "--redis-url", "http://x"], "must start with redis://"),
+    ]
+    for argv, words in cases:
+        out = run_cli(*argv)
+        assert out.returncode == 1, (argv, out)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr, (argv, out.stderr)
+
