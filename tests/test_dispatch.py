@@ -1,0 +1,83 @@
+"""Guard, record, then dispatch: the DECIDE script's episode logic and the history index."""
+from __future__ import annotations
+
+import copy
+
+from client import keys
+from client.protocol import Command
+from service.alerts import parse_group
+from service.dispatch import Dispatcher, Settings, new_record_id, plan
+from service.playbooks import load
+
+from .conftest import ROOT, load_fixture
+
+JOB = keys.Target("job", "llama-ft-01")
+
+
+def run(r, body: dict, **settings):
+    return Dispatcher(r, Settings(**settings)).execute(plan(parse_group(body), load([ROOT / "playbooks"])))
+
+
+def test_record_and_command_are_written_together(r) -> None:
+    [o] = run(r, load_fixture("firing_single.json"))
+    h = r.hgetall(keys.record(o.record_id))
+    assert h["status"] == "dispatched" and h["dispatched_ms"]
+    [(_, fields)] = r.xrange(keys.mailbox(JOB))
+    assert Command.from_json(fields["c"]).record_id == o.record_id
+    assert r.pttl(keys.record(o.record_id)) > 0  # history is bounded in age
+
+
+def test_a_later_start_is_a_new_episode(r) -> None:
+    body = load_fixture("firing_group.json")
+    body["alerts"] = body["alerts"][:1]
+    run(r, body)
+    later = copy.deepcopy(body)
+    later["alerts"][0]["startsAt"] = "2026-11-22T09:00:00Z"
+    [o] = run(r, later)
+    assert o.status == "skipped" and o.reason == "cooldown"  # decided anew, then guarded
+    earlier_resend = copy.deepcopy(body)
+    [dup] = run(r, earlier_resend)
+    assert dup.status == "duplicate"
+
+
+def test_a_resend_refreshes_the_episode_and_heals_the_index(r) -> None:
+    body = load_fixture("firing_single.json")
+    [first] = run(r, body)
+    r.zrem(keys.HISTORY, first.record_id)  # as if the index write was lost to a crash
+    ep = keys.episode(JOB, "loss-spike", "071ff15f8faead0f")
+    r.pexpire(ep, 1000)
+    [dup] = run(r, body)
+    assert dup.status == "duplicate" and dup.record_id == first.record_id
+    assert r.zscore(keys.HISTORY, first.record_id) is not None
+    assert r.pttl(ep) > 1000
+
+
+def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
+    [o] = run(r, load_fixture("firing_single.json"), dry_run=True)
+    assert o.status == "dry_run"
+    h = r.hgetall(keys.record(o.record_id))
+    assert h["a:1:spec"] and h["a:1:status"] == "skipped"
+    assert r.xlen(keys.mailbox(JOB)) == 0
+    # No cooldown was consumed by the dry run.
+    assert not r.exists(keys.cooldown(JOB, "loss-spike"))
+
+
+def test_a_resolved_alert_never_seen_firing_does_nothing(r) -> None:
+    assert [o.status for o in run(r, load_fixture("resolved.json"))] == ["no_episode"]
+    assert r.zcard(keys.HISTORY) == 0
+
+
+def test_history_is_bounded_in_count(r) -> None:
+    body = load_fixture("firing_single.json")
+    for i in range(5):
+        b = copy.deepcopy(body)
+        b["alerts"][0]["fingerprint"] = f"{i:016x}"
+        b["alerts"][0]["labels"]["job_name"] = f"j{i}"
+        run(r, b, history_max=3)
+    assert r.zcard(keys.HISTORY) == 3
+
+
+def test_record_ids_sort_in_creation_order_and_name_their_target() -> None:
+    ids = [new_record_id(JOB) for _ in range(1000)]
+    assert ids == sorted(ids) and len(set(ids)) == 1000
+    assert all(keys.target_of_record(i) == JOB for i in ids)

@@ -1,0 +1,49 @@
+"""Loading playbooks: defaults, matching, line numbers (deeper checks are in test_check.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.playbooks import PlaybookError, load
+
+from .conftest import ROOT
+
+
+def test_the_shipped_playbooks_answer_the_five_contract_alerts() -> None:
+    pbs = {p.name: p for p in load([ROOT / "playbooks"])}
+    by_alert = {m.value: p for p in pbs.values() for m in p.matchers if m.name == "alertname"}
+    assert set(by_alert) == {"GPUTemperatureHigh", "GPUMemoryUsageHigh", "TrainingLossSpike", "DiskSpaceLow",
+                             "TrainingThroughputDrop"}
+    gpu = by_alert["GPUTemperatureHigh"]
+    assert gpu.target == "node" and [s.action for s in gpu.actions] == ["power_limit"]
+    assert gpu.actions[0].params == {"fraction": 0.8}
+    assert [s.action for s in gpu.on_resolved] == ["restore_power_limit"]
+    assert [s.action for s in by_alert["GPUMemoryUsageHigh"].actions] == ["empty_cache", "reduce_batch_size"]
+    assert [s.action for s in by_alert["TrainingLossSpike"].actions] == ["rollback_checkpoint", "scale_lr"]
+    assert by_alert["DiskSpaceLow"].actions[0].params == {"keep_last": 3, "older_than": "7d"}
+    assert by_alert["TrainingThroughputDrop"].actions == ()
+
+
+def test_defaults_are_on_the_safe_side(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text('playbooks:\n  - name: a\n    matchers: [\'alertname="A"\']\n    target: job\n'
+                 '    actions: [stop_training]\n')
+    [pb] = load([f])
+    assert (pb.cooldown, pb.max_runs, pb.approval, pb.dry_run, pb.expire_after) == (0.0, None, False, False, 3600.0)
+    assert pb.source == f"{f}:2"
+
+
+def test_a_playbook_matches_only_when_every_matcher_holds() -> None:
+    pb = next(p for p in load([ROOT / "playbooks"]) if p.name == "loss-spike")
+    assert pb.matches({"alertname": "TrainingLossSpike", "severity": "warning"})
+    assert not pb.matches({"alertname": "TrainingLossSpike", "severity": "info"})
+
+
+def test_invalid_playbooks_raise_with_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text('playbooks:\n  - name: a\n    matchers: [\'alertname="A"\']\n    target: job\n'
+                 '    actions:\n      - scale_lr: {factor: 20}\n')
+    with pytest.raises(PlaybookError) as exc:
+        load([f])
+    assert exc.value.problems == [f"{f}:6: factor must be <= 10, not 20"]
