@@ -11,6 +11,7 @@ import redis
 
 from client import keys
 from client.protocol import ActionCall, Command, rfc3339
+from client.redis_conn import run_scripts
 from client.scripts import RECORD_STATUS
 
 from .alerts import Alert, AlertGroup
@@ -198,17 +199,14 @@ class Dispatcher:
         if not decisions:
             return []
         now = time.time()
-        pipe = self.r.pipeline(transaction=False)
-        for d in decisions:
-            self._call_decide(d, now, pipe)
-        answers = pipe.execute()
+        answers = run_scripts(self.r, [self._decide_call(d, now) for d in decisions])
         outcomes = [Outcome(status=a[0], record_id=a[1] or None, playbook=d.playbook.name,
                             fingerprint=d.alert.fingerprint, reason=a[2] or None)
                     for d, a in zip(decisions, answers)]
         self._index(outcomes, [now + d.playbook.approval_timeout for d in decisions])
         return outcomes
 
-    def _call_decide(self, d: Decision, now: float, pipe: Any) -> None:
+    def _decide_call(self, d: Decision, now: float) -> tuple[Any, list, list]:
         pb, s, target = d.playbook, self.settings, d.target
         rid = new_record_id(target)
         steps = d.steps
@@ -229,7 +227,7 @@ class Dispatcher:
                 now + pb.approval_timeout, len(steps), *fields]
         ks = [keys.episode(target, pb.name, d.alert.fingerprint), keys.cooldown(target, pb.name),
               keys.budget(target, pb.name), keys.record(rid), keys.mailbox(target)]
-        self._decide(keys=ks, args=args, client=pipe)
+        return self._decide, ks, args
 
     def _index(self, outcomes: list[Outcome], deadlines: list[float]) -> None:
         # The history index lives in its own slot, so it is written after the records. A duplicate

@@ -81,3 +81,12 @@ def test_record_ids_sort_in_creation_order_and_name_their_target() -> None:
     ids = [new_record_id(JOB) for _ in range(1000)]
     assert ids == sorted(ids) and len(set(ids)) == 1000
     assert all(keys.target_of_record(i) == JOB for i in ids)
+
+
+def test_a_redis_that_lost_its_scripts_still_decides_each_alert_once(r) -> None:
+    run(r, load_fixture("firing_single.json"))
+    r.script_flush()  # as after a Redis restart or a fresh cluster node
+    group = load_fixture("firing_group.json")
+    assert [o.status for o in run(r, group)] == ["dispatched", "dispatched"]
+    assert r.xlen(keys.mailbox(keys.Target("node", "gpu-node-01"))) == 1
+    assert r.zcard(keys.HISTORY) == 3
