@@ -11,6 +11,7 @@ import redis
 
 from . import keys, scripts
 from .protocol import Ack, Command, ProtocolError
+from .redis_conn import run_scripts
 
 log = logging.getLogger("trainmedic.mailbox")
 
@@ -61,13 +62,11 @@ class Mailbox:
 
     def ack(self, acks: Iterable[Ack]) -> list:
         """Write acks into their records in one pipeline; returns the scripts' answers."""
-        pipe = self.r.pipeline(transaction=False)
         now_ms = int(time.time() * 1000)
-        for a in acks:
-            self._ack(keys=[keys.record(a.record_id), keys.ack_stats(keys.target_of_record(a.record_id))],
-                      args=[a.index, a.status, json.dumps(a.result, default=str), a.acked_at, a.acked_by, now_ms],
-                      client=pipe)
-        return pipe.execute()
+        return run_scripts(self.r, [
+            (self._ack, [keys.record(a.record_id), keys.ack_stats(keys.target_of_record(a.record_id))],
+             [a.index, a.status, json.dumps(a.result, default=str), a.acked_at, a.acked_by, now_ms])
+            for a in acks])
 
     def heartbeat(self, info: dict, ttl: float = HEARTBEAT_TTL) -> None:
         """Say this target is alive, with what it wants GET /targets to show."""
