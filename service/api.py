@@ -38,6 +38,10 @@ def get_remediation(rid: str) -> Any:
     rec = history.get(_ext().redis, rid)
     if rec is None:
         raise NotFound(f"no remediation with id {rid!r}")
+    if rec["status"] == "pending_approval":
+        # A record whose approval time has passed must read as expired, not as still pending.
+        _ext().dispatcher.approve(rid, expire_only=True)
+        rec = history.get(_ext().redis, rid) or rec
     return jsonify(rec)
 
 
