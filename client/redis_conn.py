@@ -49,7 +49,9 @@ def run_scripts(r: Any, calls: list[tuple[Any, list, list]]) -> list:
         return []
     pipe = r.pipeline(transaction=False)
     for script, ks, args in calls:
-        pipe.evalsha(script.sha, len(ks), *ks, *args)
+        # execute_command, not pipe.evalsha: redis-py blocks the latter on cluster pipelines, though
+        # EVALSHA routes fine by its keys (all of one call's keys share a hash slot).
+        pipe.execute_command("EVALSHA", script.sha, len(ks), *ks, *args)
     answers = pipe.execute(raise_on_error=False)
     missing = [i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)]
     if missing:
@@ -58,7 +60,7 @@ def run_scripts(r: Any, calls: list[tuple[Any, list, list]]) -> list:
         pipe = r.pipeline(transaction=False)
         for i in missing:
             script, ks, args = calls[i]
-            pipe.evalsha(script.sha, len(ks), *ks, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(ks), *ks, *args)
         for i, a in zip(missing, pipe.execute(raise_on_error=False)):
             answers[i] = a
     for a in answers:
