@@ -1,0 +1,88 @@
+"""PyTorch Lightning integration: apply trainmedic commands after every training batch."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the older standalone package name
+    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+
+from ..applier import Handler, RemediationClient
+
+
+class TrainMedicCallback(Callback):
+    """A Lightning Callback that runs a RemediationClient on trainer.optimizers and trainer.lr_scheduler_configs.
+
+    save_checkpoint calls trainer.save_checkpoint (into checkpoint_dir, else the ModelCheckpoint folder,
+    else default_root_dir/checkpoints) and stop_training sets trainer.should_stop, unless you register
+    your own handler; every rank of a distributed run applies each command at the same global step.
+    """
+
+    def __init__(self, job: str | None = None, checkpoint_dir: str | os.PathLike | None = None,
+                 **client_kwargs: Any):
+        self.job = job
+        self.checkpoint_dir = checkpoint_dir
+        self.client_kwargs = client_kwargs
+        self.client: RemediationClient | None = None
+        self._handlers: dict[str, Handler] = {}
+        self._trainer: Any = None
+
+    def handler(self, action: str) -> Callable[[Handler], Handler]:
+        """Decorator: register fn(params) -> result dict for an action (before or during training)."""
+        def register(fn: Handler) -> Handler:
+            self._handlers[action] = fn
+            if self.client is not None:
+                self.client.register(action, fn)
+            return fn
+        return register
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._trainer = trainer
+        optimizers = list(trainer.optimizers)
+        schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
+        if self.client is not None:
+            self.client.optimizer, self.client.scheduler = optimizers, schedulers
+            return
+        self.client = RemediationClient(job=self.job, optimizer=optimizers, scheduler=schedulers,
+                                        **self.client_kwargs)
+        self.client.register("save_checkpoint", self._save)
+        self.client.register("stop_training", self._stop)
+        for action, fn in self._handlers.items():
+            self.client.register(action, fn)
+
+    def _folder(self) -> str:
+        if self.checkpoint_dir is not None:
+            return os.fspath(self.checkpoint_dir)
+        ckpt = getattr(self._trainer, "checkpoint_callback", None)
+        if ckpt is not None and getattr(ckpt, "dirpath", None):
+            return os.fspath(ckpt.dirpath)
+        return os.path.join(self._trainer.default_root_dir, "checkpoints")
+
+    def _save(self, params: dict) -> dict:
+        # The name is built from the step number only: nothing from an alert reaches the path.
+        step = int(self._trainer.global_step)
+        path = os.path.join(self._folder(), f"trainmedic-step={step}.ckpt")
+        self._trainer.save_checkpoint(path)  # every rank calls it at the same step, as Lightning requires
+        return {"path": path, "step": step}
+
+    def _stop(self, params: dict) -> dict:
+        self._trainer.should_stop = True
+        return {"should_stop": True, "step": int(self._trainer.global_step)}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.client is not None:
+            self.client.poll(step=int(trainer.global_step))
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the client's background threads (the end of fit does this)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
