@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from client import keys
+from client.redis_conn import run_scripts
 from client.scripts import ACK_LATENCY_BUCKETS
 
 from .alerts import AlertGroup
@@ -100,10 +101,15 @@ class RedisCollector(Collector):
         pipe = self.r.pipeline(transaction=False)
         for t in targets:
             pipe.hgetall(keys.ack_stats(t))
-            self._backlog(keys=[keys.cursor(t), keys.mailbox(t)], client=pipe)
             pipe.exists(keys.heartbeat(t))
             pipe.zscore(keys.TARGETS, t.label)
-        answers = pipe.execute() if targets else []
+        plain = pipe.execute() if targets else []
+        # The backlog script goes through run_scripts: cluster pipelines refuse a script call mixed in.
+        waiting = run_scripts(self.r, [(self._backlog, [keys.cursor(t), keys.mailbox(t)], []) for t in targets])
+        answers = []
+        for i in range(len(targets)):
+            stats, beating, seen = plain[3 * i:3 * i + 3]
+            answers += [stats, waiting[i], beating, seen]
         pending_approval = int(self.r.zcard(keys.APPROVALS))
 
         acked: dict[tuple[str, str], int] = defaultdict(int)
