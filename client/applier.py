@@ -164,10 +164,14 @@ class RemediationClient:
             if self.step is not None:
                 result.setdefault("step", self.step)
             acks.append(Ack(cmd.record_id, call.index, call.action, status, result, self.identity))
+            # JSON logs (service/logs.py) lift these fields to top-level keys; plain logs ignore them.
+            extra = {"remediation_id": cmd.record_id, "fingerprint": cmd.fingerprint or None,
+                     "target": self.target.label, "action": call.action, "status": status}
             if status == "failed":
-                log.warning("trainmedic: %s failed for %s: %s", call.action, cmd.record_id, result.get("error"))
+                log.warning("trainmedic: %s failed for %s: %s", call.action, cmd.record_id, result.get("error"),
+                            extra=extra)
             else:
-                log.info("trainmedic: %s %s for %s: %s", call.action, status, cmd.record_id, result)
+                log.info("trainmedic: %s %s for %s: %s", call.action, status, cmd.record_id, result, extra=extra)
         return acks
 
     def _run(self, action: str, params: dict) -> tuple[str, dict]:

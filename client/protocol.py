@@ -44,6 +44,8 @@ class Command:
     expires_at: float
     # Validated alert labels an action needs besides its params (e.g. gpu_id for power_limit).
     context: dict = field(default_factory=dict)
+    # The alert's fingerprint, so the applier's log lines name the alert as the service's do ("" if none).
+    fingerprint: str = ""
     v: int = VERSION
 
     def expired(self, now: float | None = None) -> bool:
@@ -54,6 +56,7 @@ class Command:
             "v": self.v, "record_id": self.record_id, "kind": self.kind, "target": self.target,
             "actions": [{"index": a.index, "action": a.action, "params": a.params} for a in self.actions],
             "issued_at": self.issued_at, "expires_at": self.expires_at, "context": self.context,
+            "fingerprint": self.fingerprint,
         }, separators=(",", ":"))
 
     @classmethod
@@ -68,7 +71,8 @@ class Command:
             )
             return cls(record_id=str(d["record_id"]), kind=str(d["kind"]), target=str(d["target"]),
                        actions=actions, issued_at=float(d["issued_at"]),
-                       expires_at=float(d["expires_at"]), context=dict(d.get("context") or {}))
+                       expires_at=float(d["expires_at"]), context=dict(d.get("context") or {}),
+                       fingerprint=str(d.get("fingerprint") or "")[:64])
         except ProtocolError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
