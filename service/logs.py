@@ -5,8 +5,8 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
-from datetime import datetime, timezone
 from typing import IO, Any
 
 # Attributes every LogRecord has; anything else on a record came in through `extra=`.
@@ -47,8 +47,7 @@ def _message(record: logging.LogRecord) -> str:
 
 
 def _rfc3339(ts: float) -> str:
-    dt = datetime.fromtimestamp(ts, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + ".%03dZ" % (int(ts * 1000) % 1000)
 
 
 def remediation(record_id: str | None, fingerprint: str | None, target: Any, **more: Any) -> dict[str, Any]:
