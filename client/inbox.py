@@ -165,6 +165,7 @@ class Inbox:
         backoff = FIRST_BACKOFF
         batch: list[Ack] = []
         closing = False
+        refusals = 0
         while True:
             if not batch:
                 item = self._acks.get()
@@ -184,10 +185,18 @@ class Inbox:
                 if r is None:
                     r = self._connect()
                 Mailbox(r, self.target).ack(batch)  # idempotent: a retried ack never overwrites a final one
-                batch = []
+                batch, refusals = [], 0
                 backoff = FIRST_BACKOFF
                 self._up("ack")
-                if closing:
+            except redis.ResponseError as exc:
+                # Redis answered with an error. READONLY / TRYAGAIN pass with a failover; anything else
+                # would fail the same way forever, so give up on this batch after a few tries.
+                refusals += 1
+                if refusals >= 5 or closing:
+                    log.warning("trainmedic: Redis refused acks for %s (%s); dropped %d", self.target.label,
+                                exc, len(batch))
+                    batch, refusals = [], 0
+                elif self._stop.wait(backoff):
                     return
             except redis.RedisError as exc:
                 self._down("ack", exc)
@@ -205,3 +214,5 @@ class Inbox:
             except Exception:
                 log.exception("trainmedic: could not send acks for %s", self.target.label)
                 batch = []
+            if closing and not batch:  # the close() sentinel was taken above: nothing more will come
+                return

@@ -1,0 +1,257 @@
+"""A client that survives anything: Redis down at start, killed and restarted, a hanging network, bad commands."""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import redis
+import torch
+
+from client import RemediationClient, keys
+from service.embedded_redis import EmbeddedRedis, free_port
+from tests.jobs import send, trigger, job_app, wait_record, wait_until
+
+JOB = "fragile-job"
+POLL_BOUND = 0.05  # a poll that touched the network would wait for a timeout (>= 0.5 s here)
+
+
+class Loop:
+    """A real training loop that records how long each poll took and whether anything escaped it."""
+
+    def __init__(self, url: str, **kw: Any):
+        self.param = torch.nn.Parameter(torch.ones(3))
+        self.opt = torch.optim.SGD([self.param], lr=0.1)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda e: 1.0)
+        kw = {"heartbeat_interval": 0.2, "max_backoff": 0.3, "redis_timeout": 0.5, **kw}
+        self.rc = RemediationClient(job=JOB, redis_url=url, optimizer=self.opt, scheduler=self.sched, **kw)
+        self.t = 0
+        self.slowest = 0.0
+        self.acks: list = []
+
+    def tick(self) -> None:
+        (self.param ** 2).sum().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.sched.step()
+        self.t += 1
+        t0 = time.perf_counter()
+        self.acks += self.rc.poll(step=self.t)  # an exception here fails the test: nothing may escape
+        self.slowest = max(self.slowest, time.perf_counter() - t0)
+        time.sleep(0.002)
+
+    def run_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.tick()
+
+    @property
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test alone, persistent (AOF fsync'd on every write) so it survives a kill."""
+    server = EmbeddedRedis(tmp_path / "redis", port=free_port(), appendonly=True,
+                           extra_args=("--appendfsync", "always"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def loops() -> Iterator[Any]:
+    made: list[Loop] = []
+
+    def make(url: str, **kw: Any) -> Loop:
+        made.append(Loop(url, **kw))
+        return made[-1]
+    yield make
+    for loop in made:
+        loop.rc.close()
+
+
+def outage_warnings(caplog: Any) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "unreachable" in r.getMessage()]
+
+
+def test_redis_down_at_start_then_up_applies_what_was_sent(own_redis: EmbeddedRedis, loops: Any,
+                                                           caplog: Any) -> None:
+    with caplog.at_level(logging.INFO, logger="trainmedic"):
+        loop = loops(own_redis.url)
+        loop.run_for(1.0)  # no Redis at all yet
+        assert loop.t > 50 and loop.slowest < POLL_BOUND
+        assert len(outage_warnings(caplog)) == 1
+        own_redis.start()
+        r = redis.Redis.from_url(own_redis.url, decode_responses=True)
+        rid = send(r, JOB, "scale_lr", {"factor": 0.5})
+        done = wait_record(r, rid, tick=loop.tick)
+        loop.run_for(0.3)
+    assert done["status"] == "applied"
+    assert loop.lr == pytest.approx(0.05)
+    assert len(outage_warnings(caplog)) == 1
+    assert any("reachable again" in m for m in caplog.messages)
+    assert loop.slowest < POLL_BOUND
+    r.close()
+
+
+def test_redis_killed_and_restarted_mid_run(own_redis: EmbeddedRedis, loops: Any, caplog: Any,
+                                            make_app: Any, tmp_path: Path) -> None:
+    own_redis.start()
+    app_r = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    with caplog.at_level(logging.INFO, logger="trainmedic"):
+        # The service, on this test's own Redis.
+        http = job_app(lambda **kw: make_app(**{**kw, "REDIS_URL": own_redis.url}), tmp_path).test_client()
+        loop = loops(own_redis.url)
+        first = trigger(http, "halve-lr", JOB)
+        wait_record(app_r, first["id"], tick=loop.tick)
+        assert loop.lr == pytest.approx(0.05)
+
+        # A command received just before the crash is applied during the outage; its ack waits.
+        during = trigger(http, "halve-lr", JOB)
+        wait_until(lambda: loop.rc._inbox.ready, what="the command received")
+        own_redis.proc.kill()  # SIGKILL: a crash, not a shutdown
+        own_redis.proc.wait()
+        loop.run_for(1.5)
+        assert loop.lr == pytest.approx(0.025)
+        assert len(outage_warnings(caplog)) == 1  # one line for the outage, not one per step or retry
+
+        own_redis.start()  # same port, same data folder: the AOF brings back records and the cursor
+        after = trigger(http, "quarter-lr", JOB)
+        wait_record(app_r, after["id"], tick=loop.tick)
+        assert wait_record(app_r, during["id"], tick=loop.tick)["status"] == "applied"
+        loop.run_for(0.5)
+
+    assert loop.lr == pytest.approx(0.025 * 0.25)  # the first command was not replayed after the restart
+    assert [a.record_id for a in loop.acks] == [first["id"], during["id"], after["id"]]
+    assert len(outage_warnings(caplog)) == 1
+    assert loop.slowest < POLL_BOUND
+    app_r.close()
+
+
+class HangingProxy:
+    """A TCP proxy to Redis that can stop forwarding (a network partition: connections hang, nothing fails)."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.forwarding = threading.Event()
+        self.forwarding.set()
+        self.closed = threading.Event()
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            self.socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while not self.closed.is_set():
+                ready, _, _ = select.select([a, b], [], [], 0.05)
+                if not self.forwarding.is_set():
+                    continue  # hold everything: the peer sees a connection that never answers
+                for src in ready:
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    (b if src is a else a).sendall(data)
+        except OSError:
+            pass
+        finally:
+            a.close()
+            b.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_hanging_connection_does_not_slow_training_and_commands_arrive_after(
+        r: redis.Redis, redis_url: str, loops: Any, caplog: Any) -> None:
+    proxy = HangingProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    try:
+        with caplog.at_level(logging.INFO, logger="trainmedic"):
+            loop = loops(proxy.url)
+            before = send(r, JOB, "scale_lr", {"factor": 0.5})
+            wait_record(r, before, tick=loop.tick)
+
+            proxy.forwarding.clear()  # partition: bytes go in, nothing comes back
+            sent_during = send(r, JOB, "scale_lr", {"factor": 0.5})
+            loop.run_for(2.0)
+            assert loop.lr == pytest.approx(0.05)  # not received: the client cannot see Redis
+            assert len(outage_warnings(caplog)) == 1
+            assert "Timeout" in outage_warnings(caplog)[0]
+
+            proxy.forwarding.set()
+            done = wait_record(r, sent_during, tick=loop.tick)
+            loop.run_for(0.3)
+        assert done["status"] == "applied"
+        assert loop.lr == pytest.approx(0.025)
+        assert len(outage_warnings(caplog)) == 1
+        assert loop.slowest < POLL_BOUND
+    finally:
+        proxy.close()
+
+
+def test_a_bad_command_and_a_raising_handler_cost_one_warning_each_and_training_goes_on(
+        r: redis.Redis, redis_url: str, loops: Any, caplog: Any) -> None:
+    loop = loops(redis_url)
+
+    @loop.rc.handler("rollback_checkpoint")
+    def rollback(params: dict) -> dict:
+        raise OSError("disk gone")
+
+    with caplog.at_level(logging.WARNING, logger="trainmedic"):
+        r.xadd(keys.mailbox(keys.Target("job", JOB)), {"c": "\x00garbage"})
+        broken = send(r, JOB, "rollback_checkpoint")
+        unknown = send(r, JOB, "teleport")
+        ok = send(r, JOB, "scale_lr", {"factor": 0.5})
+        wait_record(r, ok, tick=loop.tick)
+        loop.run_for(0.5)
+    assert wait_record(r, broken)["actions"][0]["status"] == "failed"
+    assert wait_record(r, unknown)["actions"][0]["status"] == "unsupported"
+    assert loop.lr == pytest.approx(0.05)
+    warnings = caplog.messages
+    assert sum("malformed" in m for m in warnings) == 1
+    assert sum("disk gone" in m for m in warnings) == 1
+    assert loop.slowest < POLL_BOUND
+
+
+def test_commands_sent_while_the_trainer_was_away_apply_once_and_expired_ones_are_acked_expired(
+        r: redis.Redis, redis_url: str, loops: Any) -> None:
+    stale = send(r, JOB, "scale_lr", {"factor": 0.5}, expire_after=0.2)
+    fresh = send(r, JOB, "scale_lr", {"factor": 0.5})
+    time.sleep(0.4)
+    loop = loops(redis_url)
+    wait_record(r, fresh, tick=loop.tick)
+    assert wait_record(r, stale, tick=loop.tick)["actions"][0]["status"] == "expired"
+    loop.run_for(0.3)
+    assert loop.lr == pytest.approx(0.05)
+    assert sorted(a.status for a in loop.acks) == ["applied", "expired"]
