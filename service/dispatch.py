@@ -41,8 +41,19 @@ elseif mode == 'resolved' then
   local ep = redis.call('GET', KEYS[1])
   if not ep then return {'no_episode', '', ''} end
   redis.call('DEL', KEYS[1])
-  local decided = string.match(ep, '|([^|]*)$')
-  if n == 0 or not (decided == 'dispatched' or decided == 'pending_approval' or decided == 'dry_run') then
+  local held, decided = string.match(ep, '^[^|]*|([^|]*)|([^|]*)$')
+  if decided == 'pending_approval' then
+    -- Never approved and now over: cancel the hold, so a late approve cannot throttle a GPU that
+    -- nothing will restore, and undo nothing. The held record shares this target's slot (and prefix).
+    local rec = string.sub(KEYS[4], 1, #KEYS[4] - #rid) .. held
+    if redis.call('HGET', rec, 'status') == 'pending_approval' then
+      local m = tonumber(redis.call('HGET', rec, 'n') or '0')
+      for i = 0, m - 1 do redis.call('HSET', rec, 'a:' .. i .. ':status', 'expired') end
+      redis.call('HSET', rec, 'status', 'expired', 'reason', 'resolved_before_approval')
+    end
+    return {'closed', '', ''}
+  end
+  if n == 0 or not (decided == 'dispatched' or decided == 'dry_run') then
     return {'closed', '', ''}
   end
   if decided == 'dry_run' then dry = '1' end
@@ -91,8 +102,10 @@ redis.call('PEXPIRE', KEYS[4], ARGV[12])
 return {status, rid, reason}
 """
 
-# KEYS: 1 record, 2 mailbox; ARGV: 1 now_ms, 2 maxlen, 3 channel, 4 command json, 5 expire only (1/0)
+# KEYS: 1 record, 2 mailbox, 3 episode (optional: firing records only)
+# ARGV: 1 now_ms, 2 maxlen, 3 channel, 4 command json, 5 expire only (1/0)
 # Releases a record held for approval, or marks it expired once its approval time has passed.
+# A release marks the episode dispatched, so its resolve runs on_resolved (an unapproved one does not).
 APPROVE = RECORD_STATUS + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -106,9 +119,15 @@ if now / 1000 > by then
   return {'expired'}
 end
 if ARGV[5] == '1' then return {'pending'} end
+local rid = redis.call('HGET', KEYS[1], 'id')
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'dispatched_ms', now)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'c', ARGV[4])
-redis.call('PUBLISH', ARGV[3], redis.call('HGET', KEYS[1], 'id'))
+redis.call('PUBLISH', ARGV[3], rid)
+if KEYS[3] then
+  local ep = redis.call('GET', KEYS[3])
+  local start, held = string.match(ep or '', '^([^|]*)|([^|]*)|')
+  if held == rid then redis.call('SET', KEYS[3], start .. '|' .. rid .. '|dispatched', 'KEEPTTL') end
+end
 return {'dispatched'}
 """
 
@@ -210,7 +229,7 @@ class Dispatcher:
         pb, s, target = d.playbook, self.settings, d.target
         rid = new_record_id(target)
         steps = d.steps
-        cmd = command_for(rid, target, steps, d.resolution.context, now, pb.expire_after)
+        cmd = command_for(rid, target, steps, d.resolution.context, now, pb.expire_after, d.alert.fingerprint)
         budget_count, budget_window = pb.max_runs or (0, 0.0)
         fields: list[Any] = [
             "id", rid, "created_at", rfc3339(now), "playbook", pb.name, "n", len(steps),
@@ -257,8 +276,13 @@ class Dispatcher:
         steps = [json.loads(h[f"a:{i}:spec"]) for i in range(int(h.get("n") or 0))]
         now = time.time()
         cmd = command_for(record_id, target, [_AsStep(st["action"], st["params"]) for st in steps],
-                          json.loads(h.get("context") or "{}"), now, float(h.get("expire_after") or 3600))
-        answer = self._approve(keys=[keys.record(record_id), keys.mailbox(target)],
+                          json.loads(h.get("context") or "{}"), now, float(h.get("expire_after") or 3600),
+                          json.loads(h.get("alert") or "{}").get("fingerprint", ""))
+        ks = [keys.record(record_id), keys.mailbox(target)]
+        if h.get("mode") == "firing":
+            alert = json.loads(h.get("alert") or "{}")
+            ks.append(keys.episode(target, h.get("playbook", ""), alert.get("fingerprint", "")))
+        answer = self._approve(keys=ks,
                                args=[int(now * 1000), self.settings.mailbox_maxlen,
                                      keys.wake_channel(target), cmd.to_json(), int(expire_only)])
         if answer[0] != "pending":
@@ -278,8 +302,8 @@ class _AsStep:
 
 
 def command_for(record_id: str, target: keys.Target, steps: Iterable[Any], context: dict, now: float,
-                expire_after: float) -> Command:
+                expire_after: float, fingerprint: str = "") -> Command:
     """The mailbox command for a record's actions."""
     calls = tuple(ActionCall(i, st.action, dict(st.params)) for i, st in enumerate(steps))
     return Command(record_id=record_id, kind=target.kind, target=target.name, actions=calls,
-                   issued_at=now, expires_at=now + expire_after, context=context)
+                   issued_at=now, expires_at=now + expire_after, context=context, fingerprint=fingerprint)
