@@ -50,7 +50,7 @@ playbooks:
 _fp = itertools.count(1)
 
 
-def group(alertname: str, n: int = 1, status: str = "firing", fingerprint: str | None = None,
+def group(alertname: str, status: str = "firing", fingerprint: str | None = None, n: int = 1,
           **labels: str) -> dict:
     """An Alertmanager notification of n alerts with distinct fingerprints (one, if given)."""
     alerts = [{"status": status, "labels": {"alertname": alertname, "job_name": "llama-ft-01", **labels},
@@ -160,6 +160,29 @@ def test_an_approval_not_given_in_time_expires(service, r) -> None:
     assert [x["id"] for x in listed] == [rem["id"]]
 
 
+def test_an_alert_that_resolves_before_approval_cancels_the_hold_and_undoes_nothing(service, r) -> None:
+    fp = "00000000000a9901"
+    rem = post(service.url, group("GPUTemperatureHigh", node="gpu-node-4", gpu_id="0", fingerprint=fp))
+    rid = rem["remediations"][0]["id"]
+    resolved = post(service.url, group("GPUTemperatureHigh", "resolved", fp, node="gpu-node-4", gpu_id="0"))
+    assert resolved["remediations"] == []  # no restore for a throttle that never ran
+    rec = requests.get(f"{service.url}/remediations/{rid}").json()
+    assert (rec["status"], rec["reason"]) == ("expired", "resolved_before_approval")
+    late = approve(service.url, rid)
+    assert late.status_code == 409  # approving now would throttle a GPU that nothing will restore
+    assert dispatched_commands(r) == 0
+
+
+def test_an_approved_action_is_undone_when_its_alert_resolves(service, r) -> None:
+    fp = "00000000000a9902"
+    rid = post(service.url, group("GPUTemperatureHigh", node="gpu-node-5", gpu_id="0",
+                                  fingerprint=fp))["remediations"][0]["id"]
+    assert approve(service.url, rid).status_code == 200
+    resolved = post(service.url, group("GPUTemperatureHigh", "resolved", fp, node="gpu-node-5", gpu_id="0"))
+    assert [x["status"] for x in resolved["remediations"]] == ["dispatched"]
+    assert dispatched_commands(r) == 2
+
+
 def test_approving_unknown_or_unheld_records_is_404_or_409(service, r) -> None:
     assert approve(service.url, "01ARZ3NDEKTSV4RRFFQ69G5FAV~job~nope").status_code == 404
     assert approve(service.url, "not-an-id").status_code == 404
@@ -174,7 +197,7 @@ def test_a_dry_run_playbook_records_what_it_would_do_and_dispatches_nothing(serv
     rec = requests.get(f"{service.url}/remediations/{rem['id']}").json()
     assert [(a["action"], a["params"]) for a in rec["actions"]] == [("scale_lr", {"factor": 0.5}),
                                                                   ("save_checkpoint", {})]
-    resolved = post(service.url, group("DryMe", status="resolved", fingerprint="00000000000d2101"))
+    resolved = post(service.url, group("DryMe", "resolved", "00000000000d2101"))
     assert [x["status"] for x in resolved["remediations"]] == ["dry_run"]
     assert dispatched_commands(r) == 0
 
