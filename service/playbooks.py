@@ -62,9 +62,24 @@ class _Problems:
     def __init__(self, file: str):
         self.file = file
         self.items: list[str] = []
+        self._lines: list[int] = []
 
     def add(self, node: yaml.Node, message: str) -> None:
         self.items.append(f"{self.file}:{node.start_mark.line + 1}: {message}")
+        self._lines.append(node.start_mark.line + 1)
+
+    def sorted(self) -> list[str]:
+        """The problems in file order (a playbook's fields are checked out of order)."""
+        return [item for _, _, item in sorted(zip(self._lines, range(len(self.items)), self.items))]
+
+
+def _name_of(node: yaml.Node) -> str | None:
+    """The `name:` of a playbook node if it is a plain string, whatever else is wrong with it."""
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == "name" and isinstance(v, yaml.ScalarNode):
+                return v.value
+    return None
 
 
 def _scalar(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
@@ -110,7 +125,9 @@ def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: st
         try:
             spec.parse(params)
         except ParamError as exc:
-            p.add(params_node or item, str(exc))
+            msg = str(exc)
+            # Say which action a bare "factor must be a number" belongs to.
+            p.add(params_node or item, msg if name in msg else f"{name}: {msg}")
             continue
         steps.append(Step(name, dict(params or {})))
     return tuple(steps)
@@ -167,6 +184,9 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
     for field in ("cooldown", "approval_timeout", "expire_after"):
         if field in fields:
             opts[field] = _duration(loader, fields[field][1], field, p)
+            if field != "cooldown" and opts[field] is not None and opts[field] <= 0:
+                # A zero expiry would expire every command (or approval) the moment it is made.
+                p.add(fields[field][1], f"{field} must be longer than zero")
     for field in ("approval", "dry_run"):
         if field in fields:
             opts[field] = _bool(loader, fields[field][1], field, p)
@@ -220,8 +240,13 @@ def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Pla
     if root is None:
         return [], [f"{file}:1: the file is empty; expected a top-level `playbooks:` list"]
     top = _mapping(root, "the file", p)
-    if top is None or "playbooks" not in top:
-        if top is not None:
+    if top is None:
+        return [], p.items
+    for key, (knode, _) in top.items():
+        if key != "playbooks":
+            p.add(knode, f"unknown top-level key {key!r} (expected `playbooks:`)")
+    if "playbooks" not in top:
+        if not p.items:
             p.add(root, "expected a top-level `playbooks:` list")
         return [], p.items
     lst = top["playbooks"][1]
@@ -231,14 +256,16 @@ def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Pla
     out = []
     for node in lst.value:
         pb = _playbook(loader, node, file, p)
-        if pb is None:
-            continue
-        if pb.name in seen:
-            p.add(node, f"duplicate playbook name {pb.name!r} (first at {seen[pb.name]})")
-            continue
-        seen[pb.name] = pb.source
-        out.append(pb)
-    return out, p.items
+        # Duplicates are found by name even when a playbook is invalid, so one run reports both.
+        name = _name_of(node)
+        if name is not None:
+            if name in seen:
+                p.add(node, f"duplicate playbook name {name!r} (first at {seen[name]})")
+                continue
+            seen[name] = f"{file}:{node.start_mark.line + 1}"
+        if pb is not None:
+            out.append(pb)
+    return out, p.sorted()
 
 
 def files_of(paths: Iterable[str | Path]) -> list[Path]:
