@@ -46,4 +46,4 @@ def test_invalid_playbooks_raise_with_file_and_line(tmp_path: Path) -> None:
                  '    actions:\n      - scale_lr: {factor: 20}\n')
     with pytest.raises(PlaybookError) as exc:
         load([f])
-    assert exc.value.problems == [f"{f}:6: factor must be <= 10, not 20"]
+    assert exc.value.problems == [f"{f}:6: scale_lr: factor must be <= 10, not 20"]
