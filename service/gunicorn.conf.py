@@ -24,6 +24,9 @@ _spec.loader.exec_module(_logs)
 logconfig_dict = _logs.gunicorn_config(loglevel)
 logging.captureWarnings(True)
 wsgi_app = "service:create_app()"
+# gunicorn 23+ opens a control socket at one fixed path per user; several services (or test runs) on one
+# host would fight over it, and trainmedic does not use it.
+control_socket_disable = True
 
 
 def on_starting(server):
