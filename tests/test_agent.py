@@ -165,3 +165,41 @@ def test_bad_agent_flags_are_one_line_errors(redis_url: str) -> None:
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr, (argv, out.stderr)
 
+
+
+def test_serve_runs_an_agent_for_its_own_host_and_stops_it(tmp_path: Path) -> None:
+    import os
+
+    import requests
+
+    from service.cli import _node_name
+    from service.embedded_redis import free_port
+
+    port = free_port()
+    (tmp_path / "ckpts").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "1",
+                             "--data-dir", str(tmp_path / "data"), "--allow-root", str(tmp_path / "ckpts"),
+                             "--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=env)
+    agent_pid = None
+    try:
+        deadline = time.monotonic() + 40
+        while agent_pid is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "serve or its agent did not come up"
+            try:
+                nodes = [t for t in requests.get(f"http://127.0.0.1:{port}/targets", timeout=1).json()["targets"]
+                         if t["kind"] == "node"]
+            except requests.RequestException:
+                nodes = []
+            if nodes:
+                assert nodes[0]["name"] == _node_name()
+                assert nodes[0]["allow_roots"] == [str(tmp_path / "ckpts")] and nodes[0]["dry_run"] is True
+                agent_pid = nodes[0]["pid"]
+            else:
+                time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert subprocess.run(["ps", "-p", str(agent_pid)], capture_output=True).returncode == 1  # the agent is gone
