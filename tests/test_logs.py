@@ -190,3 +190,79 @@ def test_every_log_line_of_trainmedic_serve_is_json(tmp_path: Path, redis_url: s
     objs = _json_lines((tmp_path / "serve.err").read_text())
     [line] = [o for o in objs if o.get("remediation_id") == made["remediations"][0]["id"]]
     assert line["target"] == "job:llama-ft-01" and line["fingerprint"] == "071ff15f8faead0f"
+
+
+def _wait_acked(http: Any, record_id: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    record = http.get(f"/remediations/{record_id}").get_json()
+    while record["status"] == "dispatched" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        record = http.get(f"/remediations/{record_id}").get_json()
+    return record
+
+
+def test_the_training_client_logs_each_applied_action_with_id_fingerprint_and_target(
+        http: Any, redis_url: str) -> None:
+    import torch
+
+    from client import RemediationClient
+    from tests.conftest import post_json
+
+    made = post_json(http, "/webhook", load_fixture("firing_single.json")).get_json()["remediations"]
+    [rid] = [m["id"] for m in made]
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    buf = io.StringIO()
+    try:
+        setup("INFO", buf)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        with RemediationClient(job="llama-ft-01", redis_url=redis_url, optimizer=opt) as rc:
+            deadline = time.monotonic() + 10
+            acks: list = []
+            while not acks and time.monotonic() < deadline:
+                acks = rc.poll(step=1)
+                time.sleep(0.01)
+        assert [a.action for a in acks] == ["rollback_checkpoint", "scale_lr"]
+    finally:
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+        root.setLevel(level)
+        logging.captureWarnings(False)
+    lines = [o for o in _json_lines(buf.getvalue()) if o.get("remediation_id") == rid]
+    assert {o["action"] for o in lines} == {"rollback_checkpoint", "scale_lr"}
+    for o in lines:
+        assert o["fingerprint"] == "071ff15f8faead0f"
+        assert o["target"] == "job:llama-ft-01"
+    assert _wait_acked(http, rid)["status"] == "partially_applied"  # no rollback handler: unsupported
+
+
+def test_every_line_of_the_agent_is_json_and_its_action_lines_name_id_fingerprint_and_target(
+        http: Any, redis_url: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, post_json
+
+    root = tmp_path / "checkpoints"
+    (root / "run-1").mkdir(parents=True)
+    err = open(tmp_path / "agent.err", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "agent", "--node", "gpu-node-07",
+                             "--redis-url", redis_url, "--allow-root", str(root)],
+                            cwd=ROOT, stdout=err, stderr=subprocess.STDOUT)
+    try:
+        alert = {"status": "firing", "labels": {"alertname": "DiskSpaceLow", "node": "gpu-node-07",
+                                                "mountpoint": "/checkpoints", "severity": "warning"},
+                 "annotations": {}, "startsAt": "2026-11-22T01:25:24.1Z", "fingerprint": "00000000000000d7"}
+        made = post_json(http, "/webhook", {"version": "4", "status": "firing", "alerts": [alert]}).get_json()
+        [rid] = [m["id"] for m in made["remediations"]]
+        assert _wait_acked(http, rid)["status"] == "applied"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        err.close()
+    objs = _json_lines((tmp_path / "agent.err").read_text())
+    [line] = [o for o in objs if o.get("remediation_id") == rid]
+    assert line["fingerprint"] == "00000000000000d7"
+    assert line["target"] == "node:gpu-node-07"
+    assert line["action"] == "disk_cleanup" and line["status"] == "applied"
