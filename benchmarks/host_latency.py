@@ -111,7 +111,8 @@ def main() -> None:
     print(row("power_limit (firing)", throttle))
     print(row("restore_power_limit (resolved)", restore))
     print(row("webhook POST -> 200", http))
-    out = {"n": args.alerts, "power_limit_p50_ms": percentile(throttle, 50), "power_limit_p99_ms": percentile(throttle, 99),
+    out = {"n": args.alerts,
+           "power_limit_p50_ms": percentile(throttle, 50), "power_limit_p99_ms": percentile(throttle, 99),
            "restore_p50_ms": percentile(restore, 50), "restore_p99_ms": percentile(restore, 99),
            "webhook_p50_ms": percentile(http, 50),
            "webhook_p99_ms": percentile(http, 99)}

@@ -187,7 +187,8 @@ def test_an_allow_root_that_does_not_exist_is_a_clear_failure(tmp_path: Path) ->
     put(tmp_path / "runs" / "old.pt", age=9 * DAY)
     with pytest.raises(ActionFailed) as err:
         disk.cleanup([tmp_path / "runs", tmp_path / "gone"], params())
-    assert err.value.reason == f"The allow-root {tmp_path / 'gone'} does not exist or is not a folder; nothing was deleted."
+    assert err.value.reason == (f"The allow-root {tmp_path / 'gone'} does not exist or is not a folder; "
+                                "nothing was deleted.")
     assert (tmp_path / "runs" / "old.pt").exists()
     with pytest.raises(ActionFailed, match="without --allow-root"):
         disk.cleanup([], params())

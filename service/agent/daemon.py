@@ -99,7 +99,8 @@ class Agent:
                 status, result = self.run(call.action, call.params, cmd.context)
             acks.append(Ack(cmd.record_id, call.index, call.action, status, result, self.identity))
             log.info("%s %s for %s: %s", call.action, status, cmd.record_id, result.get("reason", ""),
-                     extra=remediation(cmd.record_id, cmd.fingerprint or None, self.target, action=call.action, status=status))
+                     extra=remediation(cmd.record_id, cmd.fingerprint or None, self.target, action=call.action,
+                                       status=status))
         return acks
 
     def run(self, action: str, params: dict, context: dict) -> tuple[str, dict]:

@@ -93,7 +93,8 @@ def _resolved_roots(roots: Sequence[str | os.PathLike]) -> list[str]:
     for raw in roots:
         real = os.path.realpath(raw)
         if not os.path.isdir(real):
-            raise ActionFailed(f"The allow-root {os.fspath(raw)} does not exist or is not a folder; nothing was deleted.")
+            raise ActionFailed(f"The allow-root {os.fspath(raw)} does not exist or is not a folder; "
+                               "nothing was deleted.")
         resolved.append(real)
     # A root inside another root would be walked twice.
     unique = sorted(set(resolved))

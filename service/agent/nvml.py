@@ -57,7 +57,8 @@ def describe(exc: Exception, doing: str) -> str:
     """One sentence for an NVML error raised while `doing` something."""
     nv = _pynvml()
     known = [
-        ("NVMLError_LibraryNotFound", "the NVML library libnvidia-ml.so.1 was not found (is the NVIDIA driver installed?)"),
+        ("NVMLError_LibraryNotFound",
+         "the NVML library libnvidia-ml.so.1 was not found (is the NVIDIA driver installed?)"),
         ("NVMLError_DriverNotLoaded", "the NVIDIA driver is not loaded"),
         ("NVMLError_NoPermission", "NVML denied permission (the agent must run as root to change power limits)"),
         ("NVMLError_NotSupported", "this GPU does not support it"),
@@ -126,12 +127,11 @@ class Nvml:
 
     def power(self, handle: Any) -> PowerState:
         """The GPU's power constraints, default and current limit."""
-        lo, hi = self._call("read the power limit constraints", self.nv.nvmlDeviceGetPowerManagementLimitConstraints,
-                            handle)
-        return PowerState(int(lo), int(hi),
-                          int(self._call("read the default power limit", self.nv.nvmlDeviceGetPowerManagementDefaultLimit,
-                                         handle)),
-                          int(self._call("read the power limit", self.nv.nvmlDeviceGetPowerManagementLimit, handle)))
+        nv = self.nv
+        lo, hi = self._call("read the power limit constraints", nv.nvmlDeviceGetPowerManagementLimitConstraints, handle)
+        default = self._call("read the default power limit", nv.nvmlDeviceGetPowerManagementDefaultLimit, handle)
+        current = self._call("read the power limit", nv.nvmlDeviceGetPowerManagementLimit, handle)
+        return PowerState(int(lo), int(hi), int(default), int(current))
 
     def set_limit(self, handle: Any, mw: int) -> None:
         self._call("set the power limit", self.nv.nvmlDeviceSetPowerManagementLimit, handle, int(mw))
