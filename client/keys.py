@@ -8,10 +8,10 @@ PREFIX = "trainmedic:"
 
 # A label value used as a target name must match this (CONTRACT.md); names of dots only ("..") are refused
 # too, so a name can never walk a path even if some future code joins it into one.
-TARGET_NAME_RE = re.compile(r"^(?!\.+$)[A-Za-z0-9_.:@-]{1,128}$")
+TARGET_NAME_RE = re.compile(r"^(?!\.+\Z)[A-Za-z0-9_.:@-]{1,128}\Z")
 TARGET_KINDS = ("job", "node")
 # Record ids are "<26-char time-sortable id>~<kind>~<name>"; name is empty for bad-label records.
-RECORD_ID_RE = re.compile(r"^[0-9A-Z]{26}~(job|node)~([A-Za-z0-9_.:@-]{0,128})$")
+RECORD_ID_RE = re.compile(r"^[0-9A-Z]{26}~(job|node)~([A-Za-z0-9_.:@-]{0,128})\Z")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 from .errors import BadRequest
 
-_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$")
-_FINGERPRINT = re.compile(r"^[A-Za-z0-9]{1,64}$")
+_TIME = re.compile(r"^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z")
+_FINGERPRINT = re.compile(r"^[A-Za-z0-9]{1,64}\Z")
 MAX_ALERTS = 1000
 
 

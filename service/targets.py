@@ -7,8 +7,8 @@ from typing import Mapping
 
 from client.keys import TARGET_NAME_RE, Target
 
-_GPU_ID = re.compile(r"^[0-9]{1,3}$")
-_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}$")
+_GPU_ID = re.compile(r"^[0-9]{1,3}\Z")
+_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}\Z")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ def test_a_missing_fingerprint_is_derived_from_the_labels() -> None:
     (lambda b: b["alerts"][0].update(fingerprint="../../etc"), "fingerprint"),
     (lambda b: b["alerts"][0].update(annotations=[]), "annotations"),
     (lambda b: b.update(receiver=5), "receiver"),
+    (lambda b: b["alerts"][0].update(fingerprint="071ff15f8faead0f\n"), "fingerprint"),
+    (lambda b: b["alerts"][0].update(startsAt="٢٠٢٦-11-22T01:25:24Z"), "startsAt"),
 ])
 def test_malformed_payloads_are_refused_with_one_sentence(mutate, message: str) -> None:
     body = load_fixture("firing_single.json")

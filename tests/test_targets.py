@@ -27,6 +27,8 @@ def test_gpu_labels_become_context() -> None:
 @pytest.mark.parametrize("labels", [
     {"job_name": "x; rm -rf /"}, {"job_name": "../../etc/passwd"}, {"job_name": "a\nb"},
     {"job_name": "a" * 5000}, {"job_name": ""}, {"job_name": "$(reboot)"}, {"job_name": "ok", "gpu_id": "0; ls"},
+    # Python's $ also matches before a final newline: the patterns end in \Z.
+    {"job_name": "llama-ft-01\n"}, {"job_name": "ok", "gpu_id": "0\n"}, {"job_name": "..\n"},
 ])
 def test_hostile_labels_are_bad_labels(labels: dict) -> None:
     res = resolve("job", labels)
