@@ -87,7 +87,10 @@ def init_app(app: Flask) -> None:
         messages = {413: "the body is larger than 1024 KiB", 404: "no such endpoint",
                     405: "this method is not allowed here"}
         msg = messages.get(exc.code or 500) or (exc.description or exc.name).split(". ")[0].rstrip(".")
-        return jsonify({"error": msg}), exc.code
+        resp = jsonify({"error": msg})
+        # Keep the exception's own headers: a 405 must say which methods are allowed (RFC 9110).
+        resp.headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
+        return resp, exc.code
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Any:
