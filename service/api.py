@@ -58,11 +58,12 @@ def trigger() -> Any:
     pb = next((p for p in ext.playbooks if p.name == body["playbook"]), None)
     if pb is None:
         raise NotFound(f"no playbook named {body['playbook']!r}")
-    labels = body.get("labels") or {}
+    # null means none; any other non-object (0, "", [], false) is refused by parse_alert, not taken as none.
+    labels = {} if body.get("labels") is None else body["labels"]
     labels = {"alertname": f"manual:{pb.name}", **labels} if isinstance(labels, dict) else labels
     now = rfc3339()
     alert = alerts.parse_alert({
-        "status": "firing", "labels": labels, "annotations": body.get("annotations") or {},
+        "status": "firing", "labels": labels, "annotations": body.get("annotations"),
         "startsAt": now, "fingerprint": hashlib.sha256(f"{now}{time.perf_counter_ns()}".encode()).hexdigest()[:16],
     }, "body")
     decision = dispatch.Decision(pb, "manual", alert, resolve(pb.target, alert.labels))
