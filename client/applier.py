@@ -216,8 +216,9 @@ class RemediationClient:
     # -- lifecycle
     def close(self) -> None:
         """Stop the background threads; commands received but never applied are acked skipped."""
+        unapplied = self._ranks.finish() if self._ranks.world > 1 else []
         if self._inbox is not None:
-            self._release(self._take(), "the training process ended before its next step")
+            self._release(unapplied + self._take(), "the training process ended before its next step")
             self._inbox.close()
 
     def _release(self, deliveries: list[Delivery], reason: str) -> None:

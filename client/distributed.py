@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -38,6 +39,9 @@ class Ranks:
         self.calls = 0
         self._device: Any = None
         self._size: Any = None
+        self._work: Any = None  # the announcement in flight
+        self._announced: list[Delivery] = []  # rank 0: taken from the inbox, announced, not yet applied
+        self._payload = b""
 
     @classmethod
     def detect(cls) -> "Ranks":
@@ -67,24 +71,36 @@ class Ranks:
         return torch, dist
 
     def exchange(self, take: Callable[[], list[Delivery]]) -> list[Delivery]:
-        """All ranks receive rank 0's pending deliveries (take() runs on rank 0 only)."""
+        """What rank 0 announced at the previous sync point, now on every rank; then announce what it has now.
+
+        The announcement (an 8-byte length) is an asynchronous broadcast that completes while the next
+        step computes, so an idle sync costs little more than issuing it. A command taken at one sync
+        point is applied by every rank at the next one: the same step everywhere, one interval later.
+        """
         torch, dist = self._tensors()
-        payload = b""
+        out: list[Delivery] = []
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()
+            n = int(self._size.item())
+            if n:
+                out = self._receive(n)
         if self.rank == 0:
-            taken = take()
-            if taken:
-                payload = json.dumps([[d.entry_id, d.command.to_json() if d.command else None, d.error, d.expired]
-                                      for d in taken]).encode()
-        self._size.fill_(len(payload))
-        dist.broadcast(self._size, 0)  # the whole cost of an idle sync: one 8-byte broadcast
-        n = int(self._size.item())
-        if n == 0:
-            return []
+            self._announced = take()
+            self._payload = json.dumps([[d.entry_id, d.command.to_json() if d.command else None, d.error, d.expired]
+                                        for d in self._announced]).encode() if self._announced else b""
+            self._size.fill_(len(self._payload))
+        self._work = dist.broadcast(self._size, 0, async_op=True)
+        return out
+
+    def _receive(self, n: int) -> list[Delivery]:
+        torch, dist = self._tensors()
         if self.rank == 0:
-            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
+            buf = torch.frombuffer(bytearray(self._payload), dtype=torch.uint8).to(self._device)
+            self._announced, self._payload = [], b""
         else:
             buf = torch.empty(n, dtype=torch.uint8, device=self._device)
-        dist.broadcast(buf, 0)
+        dist.broadcast(buf, 0)  # synchronous, and only when there is a command
         out = []
         for eid, text, err, expired in json.loads(bytes(buf.cpu().tolist()).decode()):
             try:
@@ -93,6 +109,19 @@ class Ranks:
                 cmd, err = None, str(exc)
             out.append(Delivery(eid, cmd, err, bool(expired)))
         return out
+
+    def finish(self, timeout: float = 2.0) -> list[Delivery]:
+        """Let the last announcement complete (bounded); returns what rank 0 announced but nobody applied."""
+        work, self._work = self._work, None
+        if work is not None:
+            deadline = time.monotonic() + timeout
+            try:
+                while not work.is_completed() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            except Exception:
+                pass
+        announced, self._announced = self._announced, []
+        return announced
 
     def tally(self, statuses: Sequence[str]) -> list[dict[str, int]]:
         """How many ranks reported each status, per action (every rank calls this with as many statuses)."""
