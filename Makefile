@@ -29,7 +29,7 @@ bench: $(VENV)/.test
 
 # The closed loop on one machine: Prometheus + Alertmanager (Debian) -> trainmedic -> a toy training job.
 demo: $(VENV)/.test
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .trainmedic .pytest_cache

@@ -213,7 +213,7 @@ def main() -> int:
     ap.add_argument("--exit", action="store_true", help="stop everything once the loop has closed")
     ap.add_argument("--summary", type=Path, help="write a JSON summary here")
     ap.add_argument("--port", type=int, default=0, help="service port (default: a free one)")
-    ap.add_argument("--spike-at", type=int, default=300, help="step at which the toy job's loss spikes")
+    ap.add_argument("--spike-at", type=int, default=1500, help="step at which the toy job's loss spikes")
     ap.add_argument("--timeout", type=float, default=150.0)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="trainmedic-demo-"))
@@ -223,7 +223,7 @@ def main() -> int:
     try:
         demo.start()
         print("Waiting for the loss spike, the alert, and the remediation "
-              f"(the shipped {ALERT} rule holds for 1 minute before it fires):")
+              f"(the shipped {ALERT} rule holds for 20 seconds before it fires):")
         summary = timeline(demo, demo.watch())
         ok = summary.get("scale_lr_status") == "applied" and summary.get("new_lr") and \
             abs(summary["new_lr"][0] - summary["old_lr"][0] * 0.5) < 1e-12
