@@ -58,15 +58,9 @@ def init_app(app: Flask) -> None:
     settings = Settings(dry_run=bool(app.config.get("DRY_RUN")))
     app.extensions["trainmedic"] = Extension(r, playbooks, Dispatcher(r, settings), Metrics())
 
-    from . import api, metrics, webhook
-    app.register_blueprint(webhook.bp)
-    app.register_blueprint(api.bp)
-    app.register_blueprint(metrics.bp)
-    try:
-        from . import ui
-        app.register_blueprint(ui.bp)
-    except ImportError:
-        pass
+    from . import api, metrics, openapi, ui, webhook
+    for module in (webhook, api, metrics, ui, openapi):
+        app.register_blueprint(module.bp)
 
     @app.before_request
     def _start_timer() -> None:
