@@ -1,7 +1,9 @@
 """Hugging Face Trainer and Lightning Trainer runs (tiny models built from config) remediated through the service."""
 from __future__ import annotations
 
+import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -12,8 +14,11 @@ import pytest
 import redis
 import torch
 
-from tests.jobs import job_app, settled, trigger
+from client import keys
 from service import history
+from service.embedded_redis import free_port
+from tests.conftest import ROOT
+from tests.jobs import job_app, settled, trigger, wait_record, wait_until
 
 STEPS = 2000  # a ceiling; the runs end when stop_training arrives
 
@@ -177,6 +182,62 @@ def test_importing_client_imports_no_framework() -> None:
     code = ("import sys, client, client.integrations; "
             "bad = [m for m in ('flask', 'gunicorn', 'transformers', 'lightning', 'pytorch_lightning', 'torch') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- distributed runs of both
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_both_ranks_of_a_distributed_run_apply_each_command_at_the_same_step(
+        framework: str, r: redis.Redis, make_app: Any, tmp_path: Path, redis_url: str) -> None:
+    http = job_app(make_app, tmp_path).test_client()
+    job = f"{framework}-ddp"
+    port, procs = free_port(), []
+    for rank in range(2):
+        cfg = {"framework": framework, "job": job, "redis_url": redis_url, "dir": str(tmp_path / "out"),
+               "out": str(tmp_path / f"rank{rank}.json")}
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        with open(tmp_path / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.framework_worker", json.dumps(cfg)],
+                                          cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        def step() -> int:
+            raw = r.get(keys.heartbeat(keys.Target("job", job)))
+            return (json.loads(raw).get("step") or 0) if raw else 0
+
+        def alive() -> None:
+            for i, p in enumerate(procs):
+                assert p.poll() is None, (tmp_path / f"rank{i}.log").read_text()[-3000:]
+            time.sleep(0.05)
+
+        wait_until(lambda: step() >= 15, timeout=120, tick=alive, what="both ranks training")
+        halve = trigger(http, "halve-lr", job)
+        halved = wait_record(r, halve["id"], timeout=60, tick=alive)
+        stop = trigger(http, "stop", job)
+        for p in procs:
+            p.wait(120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, (tmp_path / f"rank{i}.log").read_text()[-3000:]
+    stopped = wait_record(r, stop["id"])
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+    act = halved["actions"][0]
+    assert act["status"] == "applied" and act["result"]["ranks"] == 2 and act["result"]["ranks_applied"] == 2
+    at = act["result"]["step"]
+    assert stopped["actions"][0]["result"]["ranks_applied"] == 2
+    for res in results:
+        assert res["world"] == 2
+        before = [q for s, q in res["ratios"] if s < at]
+        after = [q for s, q in res["ratios"] if s >= at]
+        assert before and after
+        assert all(math.isclose(q, 1.0, rel_tol=1e-9) for q in before), before[-5:]
+        assert all(math.isclose(q, 0.5, rel_tol=1e-9) for q in after), after[:5]
+        # Training stopped where stop_training was applied, on both ranks.
+        assert res["global_step"] == stopped["actions"][0]["result"]["step"]
