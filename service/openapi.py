@@ -191,6 +191,9 @@ BODY_ERRORS = {
     "415": _error("The body is not sent as application/json."),
 }
 HTML = {"text/html": {"schema": {"type": "string"}}}
+# gunicorn refuses a request line over 4094 bytes before the app sees it (long query or path values).
+TOO_LONG = {"414": {"description": "The URL is longer than the server accepts (gunicorn: 4094 bytes).",
+                    "content": HTML}}
 
 
 def _query(name: str, schema: dict, description: str) -> dict:
@@ -234,7 +237,7 @@ def _paths() -> dict:
             "parameters": [_query("limit", {"type": "integer", "minimum": 1, "maximum": history.MAX_LIMIT,
                                             "default": 50}, "Records per page."), *FILTERS],
             "responses": {"200": _json(_ref("HistoryPage"), "A page of records."),
-                          "400": _error("A bad query."), "503": REDIS_DOWN},
+                          "400": _error("A bad query."), **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/remediations": {"post": {
             "summary": "Trigger a playbook by hand", "operationId": "trigger", "security": BEARER,
@@ -247,7 +250,7 @@ def _paths() -> dict:
             "summary": "One record", "operationId": "getRemediation", "tags": ["remediations"],
             "parameters": [rid],
             "responses": {"200": _json(_ref("Record"), "The record."), "404": _error("No such record."),
-                          "503": REDIS_DOWN},
+                          **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/remediations/{id}/approve": {"post": {
             "summary": "Release a record held for approval", "operationId": "approve", "security": BEARER,
@@ -255,7 +258,7 @@ def _paths() -> dict:
             "responses": {"200": _json(_ref("Record"), "Released: its command is dispatched."), **AUTH_ERRORS,
                           "404": _error("No such record."),
                           "409": _error("The record is not pending approval, or its approval time has passed."),
-                          "503": REDIS_DOWN},
+                          **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/targets": {"get": {
             "summary": "Live training clients and node agents", "operationId": "listTargets", "tags": ["targets"],
@@ -282,7 +285,7 @@ def _paths() -> dict:
                                   "Records per page."), *FILTERS],
             "responses": {"200": {"description": "HTML.", "content": HTML},
                           "400": {"description": "HTML saying what is wrong with the query.", "content": HTML},
-                          "503": REDIS_DOWN},
+                          **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/targets/{kind}/{name}": {"get": {
             "summary": "One target's page: timeline, LR before and after, its records", "operationId": "targetPage",

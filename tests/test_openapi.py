@@ -98,7 +98,7 @@ def test_schemathesis_finds_nothing_wrong_with_the_running_service(gunicorn: Any
 
     st = Path(sys.executable).with_name("st")
     proc = subprocess.run(
-        [str(st), "run", g.url + "/openapi.json", "--header", f"Authorization: Bearer {TOKEN}",
+        [str(st), "--config-file", str(ROOT / "tests" / "schemathesis.toml"), "run", g.url + "/openapi.json", "--header", f"Authorization: Bearer {TOKEN}",
          "--checks", "all", "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
          "--generation-database", "none", "--request-timeout", "10", "--no-color"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
