@@ -1,14 +1,11 @@
 """Hugging Face Trainer integration: apply trainmedic commands at every optimizer step (on_step_end)."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 from transformers import TrainerCallback
 
 from ..applier import Handler, RemediationClient
-
-log = logging.getLogger("trainmedic.client")
 
 
 class TrainMedicCallback(TrainerCallback):
