@@ -187,5 +187,6 @@ def registry_for(r: redis.Redis) -> CollectorRegistry:
 
 @bp.get("/metrics")
 def metrics() -> Response:
+    """Prometheus text format: every worker's counters plus what Redis holds."""
     registry = registry_for(current_app.extensions["trainmedic"].redis)
     return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

@@ -333,4 +333,5 @@ def document(playbooks: tuple[str, ...] = ()) -> dict:
 
 @bp.get("/openapi.json")
 def openapi() -> Any:
+    """The OpenAPI document of this service (with its loaded playbooks)."""
     return jsonify(document(tuple(p.name for p in current_app.extensions["trainmedic"].playbooks)))

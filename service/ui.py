@@ -33,6 +33,7 @@ def _common(now: float) -> dict:
 
 @bp.get("/")
 def index() -> Any:
+    """The history: live targets, a filter form, records newest first, paged by the history cursor."""
     ext, now = _ext(), time.time()
     f = {k: request.args.get(k) or None for k in FILTERS}
     error, status = None, 200
@@ -61,6 +62,7 @@ def index() -> Any:
 
 @bp.get("/targets/<kind>/<name>")
 def target(kind: str, name: str) -> Any:
+    """One target: whether it is live, its remediations over time, its LR before and after, its records."""
     ext, now = _ext(), time.time()
     if kind not in keys.TARGET_KINDS or not keys.TARGET_NAME_RE.match(name):
         message = (f"There is no target {kind}/{name}: the kind is job or node, and the name is 1 to 128 "
