@@ -1,23 +1,26 @@
 """Lua scripts that touch a record together with its target's mailbox keys (all in one hash slot)."""
 from __future__ import annotations
 
-# Recompute a record's status from its actions (CONTRACT: applied / partially_applied / failed).
-# Left unchanged while any action is still pending or delivered.
+# Recompute a record's status from its actions (CONTRACT: applied / partially_applied / failed), plus
+# expired when every action expired and skipped when every action had nothing to do (a dry-run agent,
+# empty_cache without CUDA): neither is a failure. Left unchanged while any action is pending or delivered.
 RECORD_STATUS = r"""
 local function settle(rec)
   local n = tonumber(redis.call('HGET', rec, 'n') or '0')
-  local applied, expired, open = 0, 0, 0
+  local applied, expired, skipped, open = 0, 0, 0, 0
   for i = 0, n - 1 do
     local st = redis.call('HGET', rec, 'a:' .. i .. ':status')
     if st == 'applied' then applied = applied + 1
     elseif st == 'expired' then expired = expired + 1
+    elseif st == 'skipped' then skipped = skipped + 1
     elseif st == 'pending' or st == 'delivered' then open = open + 1 end
   end
   if open > 0 or n == 0 then return redis.call('HGET', rec, 'status') end
   local status = 'failed'
   if applied == n then status = 'applied'
   elseif applied > 0 then status = 'partially_applied'
-  elseif expired == n then status = 'expired' end
+  elseif expired == n then status = 'expired'
+  elseif skipped == n then status = 'skipped' end
   redis.call('HSET', rec, 'status', status)
   return status
 end

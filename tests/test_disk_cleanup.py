@@ -236,7 +236,8 @@ def test_a_dry_run_agent_only_lists_and_a_missing_root_fails(agents, http, r, tm
     agents("gpu-node-9", allow_roots=[tmp_path / "not-there"]).wait_ready(r)
     dry = post_json(http, "/webhook", disk_alert("gpu-node-8", "d15c000000000002")).get_json()
     missing = post_json(http, "/webhook", disk_alert("gpu-node-9", "d15c000000000003")).get_json()
-    rec = wait_record(r, dry["remediations"][0]["id"], done=("failed", "applied"))
+    rec = wait_record(r, dry["remediations"][0]["id"])
+    assert rec["status"] == "skipped"  # nothing done is not a failure
     act = rec["actions"][0]
     assert act["status"] == "skipped" and sorted(act["result"]["would_delete"]) == sorted(map(str, ckpts[:2]))
     assert all(c.exists() for c in ckpts)

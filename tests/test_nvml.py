@@ -211,6 +211,7 @@ def test_a_dry_run_agent_says_what_it_would_set_and_sets_nothing(agents, nvml_li
     agents(NODE, lib_dir=nvml_lib, state=nvml_state, dry_run=True).wait_ready(r)
     rec = fire(http, r, alert("GPUTemperatureHigh", gpu_id="0"))
     act = rec["actions"][0]
+    assert rec["status"] == "skipped"  # every action had nothing to do: not a failure
     assert act["status"] == "skipped" and act["result"]["dry_run"] is True
     assert act["result"]["new_watts"] == 560
     assert nvml_state.limit_w(0) == 700 and remembered(r) == {}

@@ -164,7 +164,7 @@ def agents(redis_url: str, tmp_path: Path) -> Iterator[Any]:
 
 
 def wait_record(r: redis.Redis, record_id: str, done: Sequence[str] = ("applied", "partially_applied", "failed",
-                                                                          "expired"),
+                                                                          "expired", "skipped"),
                 timeout: float = 15.0) -> dict:
     """Poll a record until its status is one of `done`; the record (AssertionError on timeout)."""
     from service import history
