@@ -17,14 +17,15 @@ from .conftest import post_json
 from .nvml_stub import agents, wait_record  # noqa: F401
 
 DAY = 86400.0
-NOW = time.time()
 
 
 def put(path: Path, size: int = 1000, age: float = 10 * DAY) -> Path:
     """A file of `size` bytes last modified `age` seconds ago."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"x" * size)
-    os.utime(path, (NOW - age, NOW - age))
+    # Ages count from now, not from import: the suite may reach this test minutes after collecting it.
+    now = time.time()
+    os.utime(path, (now - age, now - age))
     return path
 
 
@@ -32,7 +33,8 @@ def ckpt_dir(path: Path, size: int = 1000, age: float = 10 * DAY) -> Path:
     """A Hugging Face style checkpoint folder (two files) last modified `age` seconds ago."""
     put(path / "model.safetensors", size - 100, age)
     put(path / "trainer_state.json", 100, age)
-    os.utime(path, (NOW - age, NOW - age))
+    now = time.time()
+    os.utime(path, (now - age, now - age))
     return path
 
 
@@ -115,7 +117,7 @@ def test_a_link_to_outside_the_root_is_neither_followed_nor_its_target_deleted(t
     inner = ckpt_dir(root / "r" / "checkpoint-1", age=90 * DAY)
     (inner / "shared.pt").symlink_to(target)                              # a link inside a doomed folder
     for p in (inner / "shared.pt", inner):
-        os.utime(p, (NOW - 90 * DAY, NOW - 90 * DAY), follow_symlinks=False)
+        os.utime(p, (time.time() - 90 * DAY, time.time() - 90 * DAY), follow_symlinks=False)
 
     res = disk.cleanup([root], params(keep_last=0, older_than="1d"))
 
