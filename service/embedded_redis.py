@@ -123,6 +123,13 @@ class EmbeddedCluster:
         return self.nodes[0].url
 
     def start(self, timeout: float = 30.0) -> "EmbeddedCluster":
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()  # never leave half a cluster running
+            raise
+
+    def _start(self, timeout: float) -> "EmbeddedCluster":
         for node in self.nodes:
             node.start()
         cli = shutil.which("redis-cli")
@@ -139,7 +146,6 @@ class EmbeddedCluster:
             if all(s == "ok" for s in states):
                 return self
             time.sleep(0.1)
-        self.stop()
         raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
 
     def stop(self) -> None:
