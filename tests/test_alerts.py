@@ -75,3 +75,18 @@ def test_malformed_payloads_are_refused_with_one_sentence(mutate, message: str) 
     with pytest.raises(BadRequest) as exc:
         parse_group(body)
     assert message in exc.value.message and "\n" not in exc.value.message
+
+
+@pytest.mark.parametrize("text", ["2026-13-01T00:00:00Z", "2026-02-30T00:00:00Z", "2026-01-01T25:00:00Z",
+                                  "2026-01-01T00:00:00+01:00:00", "2026-01-01 00:00:00Z"])
+def test_impossible_or_malformed_times_are_refused(text: str) -> None:
+    body = load_fixture("firing_single.json")
+    body["alerts"][0]["startsAt"] = text
+    with pytest.raises(BadRequest):
+        parse_group(body)
+
+
+def test_negative_offsets_are_normalised_too() -> None:
+    body = load_fixture("firing_single.json")
+    body["alerts"][0]["startsAt"] = "2026-11-21T20:25:24-05:00"
+    assert parse_group(body).alerts[0].episode_start == "2026-11-22T01:25:24Z"
