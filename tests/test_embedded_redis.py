@@ -14,6 +14,7 @@ def test_it_starts_persists_with_aof_and_stops(tmp_path: Path) -> None:
         r = redis.Redis.from_url(server.url)
         r.set("k", "v")
         assert r.config_get("appendonly")["appendonly"] == "yes"
+        assert r.config_get("appendfsync")["appendfsync"] == "always"
     assert server.proc.poll() is not None
     with EmbeddedRedis(tmp_path, port=server.port) as again:  # the data survives a restart
         assert redis.Redis.from_url(again.url).get("k") == b"v"
