@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the older standalone package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
-from ..applier import Handler, RemediationClient
+from ._common import ClientHolder
 
 
-class TrainMedicCallback(Callback):
+class TrainMedicCallback(ClientHolder, Callback):
     """A Lightning Callback that runs a RemediationClient on trainer.optimizers and trainer.lr_scheduler_configs.
 
     save_checkpoint calls trainer.save_checkpoint (into checkpoint_dir, else the ModelCheckpoint folder,
@@ -22,35 +22,15 @@ class TrainMedicCallback(Callback):
 
     def __init__(self, job: str | None = None, checkpoint_dir: str | os.PathLike | None = None,
                  **client_kwargs: Any):
-        self.job = job
+        super().__init__(job, **client_kwargs)
         self.checkpoint_dir = checkpoint_dir
-        self.client_kwargs = client_kwargs
-        self.client: RemediationClient | None = None
-        self._handlers: dict[str, Handler] = {}
         self._trainer: Any = None
-
-    def handler(self, action: str) -> Callable[[Handler], Handler]:
-        """Decorator: register fn(params) -> result dict for an action (before or during training)."""
-        def register(fn: Handler) -> Handler:
-            self._handlers[action] = fn
-            if self.client is not None:
-                self.client.register(action, fn)
-            return fn
-        return register
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
         optimizers = list(trainer.optimizers)
         schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
-        if self.client is not None:
-            self.client.optimizer, self.client.scheduler = optimizers, schedulers
-            return
-        self.client = RemediationClient(job=self.job, optimizer=optimizers, scheduler=schedulers,
-                                        **self.client_kwargs)
-        self.client.register("save_checkpoint", self._save)
-        self.client.register("stop_training", self._stop)
-        for action, fn in self._handlers.items():
-            self.client.register(action, fn)
+        self._attach(optimizers, schedulers, {"save_checkpoint": self._save, "stop_training": self._stop})
 
     def _folder(self) -> str:
         if self.checkpoint_dir is not None:
@@ -80,9 +60,3 @@ class TrainMedicCallback(Callback):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.close()
-
-    def close(self) -> None:
-        """Stop the client's background threads (the end of fit does this)."""
-        if self.client is not None:
-            self.client.close()
-            self.client = None

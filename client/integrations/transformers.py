@@ -1,14 +1,14 @@
 """Hugging Face Trainer integration: apply trainmedic commands at every optimizer step (on_step_end)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from transformers import TrainerCallback
 
-from ..applier import Handler, RemediationClient
+from ._common import ClientHolder
 
 
-class TrainMedicCallback(TrainerCallback):
+class TrainMedicCallback(ClientHolder, TrainerCallback):
     """A TrainerCallback that runs a RemediationClient on the Trainer's optimizer and LR scheduler.
 
     save_checkpoint sets control.should_save and stop_training sets control.should_training_stop
@@ -17,33 +17,13 @@ class TrainMedicCallback(TrainerCallback):
     """
 
     def __init__(self, job: str | None = None, **client_kwargs: Any):
-        self.job = job
-        self.client_kwargs = client_kwargs
-        self.client: RemediationClient | None = None
-        self._handlers: dict[str, Handler] = {}
+        super().__init__(job, **client_kwargs)
         self._want_save = False
         self._want_stop = False
 
-    def handler(self, action: str) -> Callable[[Handler], Handler]:
-        """Decorator: register fn(params) -> result dict for an action (before or during training)."""
-        def register(fn: Handler) -> Handler:
-            self._handlers[action] = fn
-            if self.client is not None:
-                self.client.register(action, fn)
-            return fn
-        return register
-
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                        lr_scheduler: Any = None, **kwargs: Any) -> None:
-        if self.client is not None:  # train() called again: same client, the Trainer's current objects
-            self.client.optimizer, self.client.scheduler = optimizer, lr_scheduler
-            return
-        self.client = RemediationClient(job=self.job, optimizer=optimizer, scheduler=lr_scheduler,
-                                        **self.client_kwargs)
-        self.client.register("save_checkpoint", self._save)
-        self.client.register("stop_training", self._stop)
-        for action, fn in self._handlers.items():
-            self.client.register(action, fn)
+        self._attach(optimizer, lr_scheduler, {"save_checkpoint": self._save, "stop_training": self._stop})
 
     def _save(self, params: dict) -> dict:
         self._want_save = True
@@ -68,9 +48,3 @@ class TrainMedicCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
-
-    def close(self) -> None:
-        """Stop the client's background threads (the Trainer's end of training does this)."""
-        if self.client is not None:
-            self.client.close()
-            self.client = None
