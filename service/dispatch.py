@@ -188,6 +188,11 @@ class Outcome:
     fingerprint: str
     reason: str | None = None
 
+    @property
+    def new(self) -> bool:
+        """A record was made (not a resend of a handled episode, not a resolve with nothing to undo)."""
+        return bool(self.record_id) and self.status != "duplicate"
+
     def as_dict(self) -> dict:
         return {"id": self.record_id, "playbook": self.playbook, "fingerprint": self.fingerprint,
                 "status": self.status, "reason": self.reason}

@@ -54,7 +54,7 @@ class Metrics:
 
     def remediations(self, outcomes: Iterable) -> None:
         for o in outcomes:
-            if o.record_id and o.status != "duplicate":
+            if o.new:
                 REMEDIATIONS.labels(o.playbook, o.status).inc()
 
 

@@ -41,16 +41,16 @@ def webhook() -> Any:
     decisions = dispatch.plan(group, ext.playbooks)
     outcomes = ext.dispatcher.execute(decisions)
     ext.metrics.webhook(group, outcomes)
-    for d, o in zip(decisions, outcomes):
-        if o.record_id and o.status != "duplicate":
-            log.info("remediation %s: playbook %s on %s for %s (%s): %s%s", o.record_id, o.playbook,
-                     d.target.label, d.alert.alertname, d.mode, o.status, f" ({o.reason})" if o.reason else "",
-                     extra=logs.remediation(o.record_id, o.fingerprint, d.target, playbook=o.playbook,
-                                            alertname=d.alert.alertname, status=o.status, reason=o.reason))
-    new = [o.as_dict() for o in outcomes if o.record_id and o.status not in ("duplicate",)]
+    if log.isEnabledFor(logging.INFO):
+        for d, o in zip(decisions, outcomes):
+            if o.new:
+                log.info("remediation %s: playbook %s on %s for %s (%s): %s%s", o.record_id, o.playbook,
+                         d.target.label, d.alert.alertname, d.mode, o.status, f" ({o.reason})" if o.reason else "",
+                         extra=logs.remediation(o.record_id, o.fingerprint, d.target, playbook=o.playbook,
+                                                alertname=d.alert.alertname, status=o.status, reason=o.reason))
     return jsonify({
         "status": "ok",
         "alerts": len(group.alerts),
-        "remediations": new,
+        "remediations": [o.as_dict() for o in outcomes if o.new],
         "duplicates": sum(1 for o in outcomes if o.status == "duplicate"),
     })
