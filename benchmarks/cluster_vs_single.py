@@ -14,7 +14,8 @@ from pathlib import Path
 from common import ROOT, Stack
 from webhook_throughput import run_wrk
 
-from service.embedded_redis import EmbeddedCluster, EmbeddedRedis
+from trainmedic.service.embedded_redis import EmbeddedRedis
+from tests.support.redis_cluster import EmbeddedCluster
 
 
 def measure(url: str, seconds: int) -> list[dict]:

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from service.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
 STEP_NS = 10_000_000
 
@@ -58,7 +58,7 @@ def in_steps(fn, steps: int, step_s: float = STEP_NS / 1e9) -> float:
 def rank_main(rank: int, world: int, port: int, url: str, calls: int, steps: int, out: str) -> None:
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT))
-    from client import RemediationClient
+    from trainmedic.client import RemediationClient
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))

@@ -13,7 +13,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
 TOKEN = "bench-token"
 

@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python benchmarks/host_latency.py [--alerts 100]
 Gunicorn with 4 workers and an embedded Redis (benchmarks/common.py), one real `trainmedic agent`
-subprocess whose NVML is the C stand-in of tests/nvml_stub (compiled here with cc), so every action goes
+subprocess whose NVML is the C stand-in of tests/support/nvml (compiled here with cc), so every action goes
 through real pynvml calls into a library that reads and writes its state file. Alerts are sent one at a
 time, each a new GPUTemperatureHigh episode (power_limit), then each is resolved (restore_power_limit).
 The ack is observed by polling the record's action status in Redis every 0.25 ms.
@@ -23,8 +23,8 @@ import requests
 
 from common import ROOT, TOKEN, Stack, percentile
 
-from client import keys  # noqa: E402  (common puts the project root on sys.path)
-from tests.nvml_stub import FakeGpu, NvmlState, build  # noqa: E402
+from trainmedic.client.wire import keys
+from tests.support.nvml import FakeGpu, NvmlState, build
 
 NODE = "bench-node"
 
@@ -88,7 +88,7 @@ def main() -> None:
         env = dict(os.environ, LD_LIBRARY_PATH=str(lib_dir), NVML_STUB_STATE=str(state.path),
                    TRAINMEDIC_LOG_LEVEL="warning")
         log = open(tmp / "agent.log", "wb")
-        agent = subprocess.Popen([sys.executable, "-m", "service.cli", "agent", "--node", NODE, "--redis-url",
+        agent = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", NODE, "--redis-url",
                                   stack.redis_url], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 30

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.logs import JsonFormatter, remediation  # noqa: E402
+from trainmedic.client.logs import JsonFormatter, remediation
 
 N = 50_000
 

@@ -20,10 +20,11 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 import torch  # noqa: E402
 
-from client import RemediationClient, keys  # noqa: E402
-from client.mailbox import Entry  # noqa: E402
-from client.protocol import ActionCall, Command  # noqa: E402
-from service.embedded_redis import EmbeddedRedis  # noqa: E402
+from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys
+from trainmedic.client.receiver.mailbox import Entry
+from trainmedic.client.wire.protocol import ActionCall, Command
+from trainmedic.service.embedded_redis import EmbeddedRedis
 
 STEP_NS = 10_000_000  # a 10 ms training step
 

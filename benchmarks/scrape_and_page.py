@@ -19,9 +19,9 @@ import requests
 
 from common import ROOT, TOKEN, Stack, percentile
 
-from client import keys  # noqa: E402
-from client.mailbox import Mailbox  # noqa: E402
-from client.protocol import Ack  # noqa: E402
+from trainmedic.client.wire import keys
+from trainmedic.client.receiver.mailbox import Mailbox
+from trainmedic.client.wire.protocol import Ack
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/alertmanager-0.25/firing_single.json").read_text())
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

@@ -17,7 +17,7 @@ from common import ROOT, TOKEN, Stack
 
 import redis
 
-from client import keys
+from trainmedic.client.wire import keys
 
 
 def run_wrk(url: str, group: int, seconds: int, connections: int = 8) -> dict:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 from prometheus_client import Counter, Gauge, start_http_server
 
-from client import RemediationClient
+from trainmedic.client import RemediationClient
 
 log = logging.getLogger("trainer")
 

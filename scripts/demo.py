@@ -29,8 +29,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
-from service.localstack import Alertmanager, Prometheus  # noqa: E402
+from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
+from tests.support.stack import Alertmanager, Prometheus
 
 JOB = "demo-job"
 ALERT = "TrainingLossSpike"
@@ -66,7 +66,7 @@ class Demo:
         self.port = self.args.port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
-        self.spawn("trainmedic", [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port),
+        self.spawn("trainmedic", [sys.executable, "-m", "trainmedic.service.cli", "serve", "--port", str(self.port),
                                   "--workers", "2", "--redis-url", self.redis.url,
                                   "--data-dir", str(self.work / "serve")],
                    env={**env, "TRAINMEDIC_WEBHOOK_TOKEN": self.token})

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .playbooks import SHIPPED
+from trainmedic.service.rules.playbooks import SHIPPED
 
 MAX_BODY = 1024 * 1024
 

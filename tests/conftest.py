@@ -13,8 +13,8 @@ import pytest
 import redis
 import requests
 
-from service import create_app
-from service.embedded_redis import EmbeddedRedis, free_port
+from trainmedic.service.app import create_app
+from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "alertmanager-0.25"

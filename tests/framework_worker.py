@@ -21,7 +21,7 @@ def hf(cfg: dict) -> dict:
     from transformers import (GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments,
                               get_cosine_schedule_with_warmup)
 
-    from client.integrations.transformers import TrainMedicCallback
+    from trainmedic.client.integrations.transformers import TrainMedicCallback
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
@@ -53,7 +53,7 @@ def hf(cfg: dict) -> dict:
 def lightning(cfg: dict) -> dict:
     import lightning.pytorch as pl
 
-    from client.integrations.lightning import TrainMedicCallback
+    from trainmedic.client.integrations.lightning import TrainMedicCallback
 
     seen: list[list[Any]] = []
     twin_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.05)
@@ -102,3 +102,9 @@ def main(cfg: dict) -> None:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+    # torch 2.13's gloo threads can abort the interpreter's own teardown ("terminate called without an
+    # active exception") after the framework has destroyed its process group; the results are written, so
+    # leave without it, as tests/rank_worker.py does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

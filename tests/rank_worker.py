@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from client import RemediationClient
+from trainmedic.client import RemediationClient
 
 LRS = (0.1, 0.01)
 

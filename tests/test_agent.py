@@ -11,15 +11,16 @@ from typing import Any
 
 import redis
 
-from client import keys
-from client.protocol import rfc3339
-from service import alerts, dispatch
-from service.embedded_redis import EmbeddedRedis
-from service.playbooks import Playbook, Step
-from service.targets import Resolution
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.service.rules import alerts
+from trainmedic.service.decide import dispatch
+from trainmedic.service.embedded_redis import EmbeddedRedis
+from trainmedic.service.rules.playbooks import Playbook, Step
+from trainmedic.service.rules.targets import Resolution
 
-from .conftest import ROOT
-from .nvml_stub import AgentProcess, agents, nvml_lib, nvml_state, wait_record  # noqa: F401
+from tests.conftest import ROOT
+from tests.support.nvml import AgentProcess, agents, nvml_lib, nvml_state, wait_record
 
 NODE = "gpu-node-3"
 
@@ -148,7 +149,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "trainmedic.service.cli", *args], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env=full)
 
 
@@ -172,13 +173,13 @@ def test_serve_runs_an_agent_for_its_own_host_and_stops_it(tmp_path: Path) -> No
 
     import requests
 
-    from service.cli import _node_name
-    from service.embedded_redis import free_port
+    from trainmedic.service.cli import _node_name
+    from trainmedic.service.embedded_redis import free_port
 
     port = free_port()
     (tmp_path / "ckpts").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "serve", "--port", str(port), "--workers", "1",
                              "--data-dir", str(tmp_path / "data"), "--allow-root", str(tmp_path / "ckpts"),
                              "--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=env)

@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from service.alerts import parse_group
-from service.errors import BadRequest
+from trainmedic.service.rules.alerts import parse_group
+from trainmedic.service.errors import BadRequest
 
-from .conftest import load_fixture
+from tests.conftest import load_fixture
 
 
 @pytest.mark.parametrize("name", ["firing_single.json", "firing_group.json", "resolved.json"])

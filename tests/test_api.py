@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import time
 
-from client import keys
-from client.mailbox import Mailbox
+from trainmedic.client.wire import keys
+from trainmedic.client.receiver.mailbox import Mailbox
 
-from .conftest import post_json
+from tests.conftest import post_json
 
 
 def test_a_manual_trigger_creates_a_record(http, r) -> None:

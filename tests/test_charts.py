@@ -1,8 +1,8 @@
 """The history page's inline SVG charts, computed from records."""
 from __future__ import annotations
 
-from client.protocol import rfc3339
-from service import charts
+from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.service.web import charts
 
 NOW = 1_800_000_000.0
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from service import create_app
-from service.cli import main
-from service.playbooks import SHIPPED, PlaybookError, check, load
+from trainmedic.service.app import create_app
+from trainmedic.service.cli import main
+from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, check, load
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 KNOWN = ("disk_cleanup, empty_cache, power_limit, reduce_batch_size, restore_power_limit, rollback_checkpoint, "
          "save_checkpoint, scale_lr, set_lr, stop_training")
@@ -166,9 +166,9 @@ def test_every_shipped_playbook_passes(capsys) -> None:
 def test_the_check_command_runs_as_a_console_script_and_exits_nonzero(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN["unknown action"][0])
-    bad = subprocess.run([sys.executable, "-m", "service.cli", "check", str(path)], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "check", str(path)], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
-    good = subprocess.run([sys.executable, "-m", "service.cli", "check", str(ROOT / "playbooks")],
+    good = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "check", str(ROOT / "playbooks")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 1 and bad.stdout.startswith(f"{path}:6: unknown action 'explode'")
     assert good.returncode == 0 and good.stdout.startswith("ok: ")
@@ -186,7 +186,7 @@ def test_the_service_refuses_to_start_with_invalid_playbooks(tmp_path: Path, red
 def test_trainmedic_serve_says_why_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN["node action in a job playbook"][0])
-    out = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--playbooks", str(path), "--no-agent",
+    out = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "serve", "--playbooks", str(path), "--no-agent",
                           "--port", "1", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert out.returncode == 1

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import requests
 
-from client import RemediationClient, keys
-from service.cli import main
-from service.embedded_redis import free_port
+from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys
+from trainmedic.service.cli import main
+from trainmedic.service.embedded_redis import free_port
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
-CLI = [sys.executable, "-m", "service.cli"]
+CLI = [sys.executable, "-m", "trainmedic.service.cli"]
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -14,9 +14,10 @@ import pytest
 import redis
 import torch
 
-from client import RemediationClient, keys
-from client.mailbox import Mailbox
-from tests.jobs import job_app, mailbox_entries, send, trigger, wait_record, wait_until
+from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys
+from trainmedic.client.receiver.mailbox import Mailbox
+from tests.support.jobs import job_app, mailbox_entries, send, trigger, wait_record, wait_until
 
 JOB = "llama-ft-01"
 
@@ -311,8 +312,8 @@ def test_the_heartbeat_shows_the_job_on_get_targets(r: redis.Redis, jobs_http: A
 def test_poll_never_raises_even_when_applying_blows_up(loops: Any, caplog: Any) -> None:
     loop = loops(start=False)
     loop.rc.optimizer = object()  # not an optimizer at all: scale_lr fails inside
-    from client.mailbox import Entry
-    from client.protocol import ActionCall, Command
+    from trainmedic.client.receiver.mailbox import Entry
+    from trainmedic.client.wire.protocol import ActionCall, Command
 
     cmd = Command(f"{'0' * 26}~job~{JOB}", "job", JOB, (ActionCall(0, "scale_lr", {"factor": 0.5}),),
                   time.time(), time.time() + 60)

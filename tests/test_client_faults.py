@@ -13,9 +13,10 @@ import pytest
 import redis
 import torch
 
-from client import RemediationClient, keys
-from service.embedded_redis import EmbeddedRedis, free_port
-from tests.jobs import send, trigger, job_app, wait_record, wait_until
+from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys
+from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
+from tests.support.jobs import send, trigger, job_app, wait_record, wait_until
 
 JOB = "fragile-job"
 POLL_BOUND = 0.05  # a poll that touched the network would wait for a timeout (>= 0.5 s here)

@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from client import keys
+from trainmedic.client.wire import keys
 
-from .conftest import AUTH, load_fixture
+from tests.conftest import AUTH, load_fixture
 
 
 def test_the_same_payload_posted_50_times_in_parallel_gives_one_command(gunicorn, r) -> None:

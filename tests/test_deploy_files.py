@@ -22,12 +22,12 @@ import pytest
 import requests
 import yaml
 
-from client import keys
-from client.actions import DEFAULT_CHECKPOINT_PATTERNS
-from client.protocol import Command
-from service.cli import _parser as cli_parser
-from service.embedded_redis import free_port
-from service.playbooks import SHIPPED, load
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.actions import DEFAULT_CHECKPOINT_PATTERNS
+from trainmedic.client.wire.protocol import Command
+from trainmedic.service.cli import _parser as cli_parser
+from trainmedic.service.embedded_redis import free_port
+from trainmedic.service.rules.playbooks import SHIPPED, load
 from tests.conftest import ROOT, post_json
 
 CONFIG = ROOT / "config"

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from client.actions import CATALOGUE, DiskCleanup, ParamError
-from service.agent import disk
-from service.agent.outcome import ActionFailed
+from trainmedic.client.wire.actions import CATALOGUE, DiskCleanup, ParamError
+from trainmedic.client.agent import disk
+from trainmedic.client.receiver.outcome import ActionFailed
 
-from .conftest import post_json
-from .nvml_stub import agents, wait_record  # noqa: F401
+from tests.conftest import post_json
+from tests.support.nvml import agents, wait_record
 
 DAY = 86400.0
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import copy
 
-from client import keys
-from client.protocol import Command
-from service.alerts import parse_group
-from service.dispatch import Dispatcher, Settings, new_record_id, plan
-from service.playbooks import load
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import Command
+from trainmedic.service.rules.alerts import parse_group
+from trainmedic.service.decide.dispatch import Dispatcher, Settings, new_record_id, plan
+from trainmedic.service.rules.playbooks import load
 
-from .conftest import ROOT, load_fixture
+from tests.conftest import ROOT, load_fixture
 
 JOB = keys.Target("job", "llama-ft-01")
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis
 
-from client import keys
-from service.embedded_redis import free_port
+from trainmedic.client.wire import keys
+from trainmedic.service.embedded_redis import free_port
 from tests.conftest import ROOT
-from tests.jobs import job_app, trigger, wait_record, wait_until
+from tests.support.jobs import job_app, trigger, wait_record, wait_until
 
 JOB = "ddp-job"
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import redis
 
-from service import embedded_redis
-from service.embedded_redis import EmbeddedRedis
+from trainmedic.service import embedded_redis
+from trainmedic.service.embedded_redis import EmbeddedRedis
 
 
 def test_it_starts_persists_with_aof_and_stops(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import requests
 
-from client import keys
+from trainmedic.client.wire import keys
 
-from .conftest import AUTH, write_playbooks
-from .nvml_stub import agents, nvml_lib, nvml_state, wait_record  # noqa: F401
+from tests.conftest import AUTH, write_playbooks
+from tests.support.nvml import agents, nvml_lib, nvml_state, wait_record
 
 PLAYBOOKS = """
 playbooks:

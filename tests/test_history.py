@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from .conftest import load_fixture, post_json
+from tests.conftest import load_fixture, post_json
 
 
 def fire(http, n: int, alertname: str = "TrainingLossSpike", job: str = "job") -> list[str]:
@@ -72,7 +72,7 @@ def test_an_unknown_record_is_404(http, r) -> None:
 
 def test_expired_records_drop_out_of_the_index(http, r) -> None:
     ids = fire(http, 3)
-    from client import keys
+    from trainmedic.client.wire import keys
     r.delete(keys.record(ids[1]))
     assert [i["id"] for i in http.get("/history").json["items"]] == [ids[2], ids[0]]
     assert r.zcard(keys.HISTORY) == 2

@@ -14,11 +14,11 @@ import pytest
 import redis
 import torch
 
-from client import keys
-from service import history
-from service.embedded_redis import free_port
+from trainmedic.client.wire import keys
+from trainmedic.service import history
+from trainmedic.service.embedded_redis import free_port
 from tests.conftest import ROOT
-from tests.jobs import job_app, settled, trigger, wait_record, wait_until
+from tests.support.jobs import job_app, settled, trigger, wait_record, wait_until
 
 STEPS = 2000  # a ceiling; the runs end when stop_training arrives
 
@@ -95,7 +95,7 @@ def test_a_hugging_face_trainer_takes_scale_lr_save_and_stop_from_the_service(
         r: redis.Redis, make_app: Any, tmp_path: Path, redis_url: str) -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments, get_cosine_schedule_with_warmup
 
-    from client.integrations.transformers import TrainMedicCallback
+    from trainmedic.client.integrations.transformers import TrainMedicCallback
 
     http = job_app(make_app, tmp_path).test_client()
     twin_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
@@ -133,7 +133,7 @@ def test_a_lightning_trainer_takes_scale_lr_save_and_stop_from_the_service(
         r: redis.Redis, make_app: Any, tmp_path: Path, redis_url: str) -> None:
     import lightning.pytorch as pl
 
-    from client.integrations.lightning import TrainMedicCallback
+    from trainmedic.client.integrations.lightning import TrainMedicCallback
 
     http = job_app(make_app, tmp_path).test_client()
     twin_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.05)

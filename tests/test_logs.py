@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from service.logs import JsonFormatter, gunicorn_config, remediation, setup
+from trainmedic.client.logs import JsonFormatter, gunicorn_config, remediation, setup
 from tests.conftest import AUTH, load_fixture
 
 
@@ -81,7 +81,7 @@ def test_an_extra_named_like_a_builtin_key_does_not_overwrite_it() -> None:
 
 
 def test_remediation_fields_accept_a_target_object() -> None:
-    from client.keys import Target
+    from trainmedic.client.wire.keys import Target
 
     fields = remediation("r1", "fp", Target("node", "gpu-node-01"), playbook="p")
     assert fields == {"remediation_id": "r1", "fingerprint": "fp", "target": "node:gpu-node-01", "playbook": "p"}
@@ -161,14 +161,14 @@ def test_every_log_line_of_trainmedic_serve_is_json(tmp_path: Path, redis_url: s
     import subprocess
     import sys
 
-    from service.embedded_redis import free_port
+    from trainmedic.service.embedded_redis import free_port
 
     from tests.conftest import ROOT, TOKEN
 
     port = free_port()
     env = {"TRAINMEDIC_WEBHOOK_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"}
     err = open(tmp_path / "serve.err", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--no-agent", "--workers", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "serve", "--no-agent", "--workers", "1",
                              "--port", str(port), "--redis-url", redis_url, "--data-dir", str(tmp_path / "d")],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
@@ -205,7 +205,7 @@ def test_the_training_client_logs_each_applied_action_with_id_fingerprint_and_ta
         http: Any, redis_url: str) -> None:
     import torch
 
-    from client import RemediationClient
+    from trainmedic.client import RemediationClient
     from tests.conftest import post_json
 
     made = post_json(http, "/webhook", load_fixture("firing_single.json")).get_json()["remediations"]
@@ -247,7 +247,7 @@ def test_every_line_of_the_agent_is_json_and_its_action_lines_name_id_fingerprin
     root = tmp_path / "checkpoints"
     (root / "run-1").mkdir(parents=True)
     err = open(tmp_path / "agent.err", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "agent", "--node", "gpu-node-07",
+    proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", "gpu-node-07",
                              "--redis-url", redis_url, "--allow-root", str(root)],
                             cwd=ROOT, stdout=err, stderr=subprocess.STDOUT)
     try:

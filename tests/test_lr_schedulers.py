@@ -13,7 +13,7 @@ from torch.optim import SGD, AdamW
 from torch.optim import lr_scheduler as S
 from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from client import lr
+from trainmedic.client.trainer import lr
 
 LRS = (0.1, 0.02, 0.001)  # three param groups with different LRs: their ratios must survive
 STEPS = 300

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.matchers import MatcherError, parse_matcher
+from trainmedic.service.rules.matchers import MatcherError, parse_matcher
 
 LABELS = {"alertname": "TrainingLossSpike", "severity": "critical", "job_name": "llama-ft-01"}
 

@@ -14,12 +14,12 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import keys
-from client.mailbox import Mailbox
-from client.protocol import Ack
-from service.embedded_redis import free_port
+from trainmedic.client.wire import keys
+from trainmedic.client.receiver.mailbox import Mailbox
+from trainmedic.client.wire.protocol import Ack
+from trainmedic.service.embedded_redis import free_port
 
-from .conftest import AUTH, load_fixture, post_json
+from tests.conftest import AUTH, load_fixture, post_json
 
 
 def loss_spike(job: str, fingerprint: str, status: str = "firing") -> dict:

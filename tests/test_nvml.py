@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from client import keys
+from trainmedic.client.wire import keys
 
-from .conftest import post_json, write_playbooks
-from .nvml_stub import (NO_PERMISSION, NOT_SUPPORTED, FakeGpu, agents, nvml_lib, nvml_state,  # noqa: F401
-                        wait_record)
+from tests.conftest import post_json, write_playbooks
+from tests.support.nvml import NO_PERMISSION, NOT_SUPPORTED, FakeGpu, agents, nvml_lib, nvml_state, wait_record
 
 NODE = "gpu-node-1"
 GPU0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"

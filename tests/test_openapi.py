@@ -10,7 +10,7 @@ from typing import Any
 
 import requests
 
-from .conftest import AUTH, ROOT, TOKEN, load_fixture, post_json
+from tests.conftest import AUTH, ROOT, TOKEN, load_fixture, post_json
 
 MAX_EXAMPLES = 25  # per operation and phase; the whole run stays well under a minute
 APPROVAL_PLAYBOOK = """

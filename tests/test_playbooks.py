@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from service.playbooks import PlaybookError, load
+from trainmedic.service.rules.playbooks import PlaybookError, load
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_the_shipped_playbooks_answer_the_five_contract_alerts() -> None:

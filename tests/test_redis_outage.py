@@ -7,10 +7,10 @@ import time
 import redis
 import requests
 
-from client import keys
-from service.embedded_redis import EmbeddedRedis
+from trainmedic.client.wire import keys
+from trainmedic.service.embedded_redis import EmbeddedRedis
 
-from .conftest import AUTH, load_fixture
+from tests.conftest import AUTH, load_fixture
 
 
 def test_the_service_answers_503_while_redis_is_down_and_recovers(gunicorn, tmp_path) -> None:

@@ -11,12 +11,15 @@ import pytest
 import redis
 import torch
 
-from client import RemediationClient, keys
-from client.redis_conn import connect
-from service import create_app
-from service.embedded_redis import EmbeddedCluster, EmbeddedRedis, free_port
+from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.redis import connect
+from trainmedic.service.app import create_app
+from trainmedic.service.embedded_redis import EmbeddedRedis
+from trainmedic.service.embedded_redis import free_port
+from tests.support.redis_cluster import EmbeddedCluster
 
-from .conftest import AUTH, ROOT, load_fixture
+from tests.conftest import AUTH, ROOT, load_fixture
 
 
 @pytest.fixture(scope="module")

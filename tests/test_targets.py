@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.keys import Target
-from service.targets import resolve
+from trainmedic.client.wire.keys import Target
+from trainmedic.service.rules.targets import resolve
 
 
 @pytest.mark.parametrize("kind, labels, expected", [

@@ -14,9 +14,9 @@ import torch
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from client import RemediationClient
+from trainmedic.client import RemediationClient
 
-from .conftest import load_fixture, post_json
+from tests.conftest import load_fixture, post_json
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from client import keys
-from client.protocol import Command
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import Command
 
-from .conftest import AUTH, TOKEN, load_fixture, post_json
+from tests.conftest import AUTH, TOKEN, load_fixture, post_json
 
 
 def mailbox(r, kind: str, name: str) -> list:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..applier import Handler, RemediationClient
+from trainmedic.client.trainer.client import Handler, RemediationClient
 
 
 class ClientHolder:

@@ -9,7 +9,7 @@ try:
 except ImportError:  # the older standalone package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
-from ._common import ClientHolder
+from trainmedic.client.integrations._common import ClientHolder
 
 
 class TrainMedicCallback(ClientHolder, Callback):

@@ -5,7 +5,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ._common import ClientHolder
+from trainmedic.client.integrations._common import ClientHolder
 
 
 class TrainMedicCallback(ClientHolder, TrainerCallback):

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.localstack import Alertmanager  # noqa: F401  (re-exported for the tests)
+from tests.support.stack import Alertmanager
 
 ROOT = Path(__file__).resolve().parents[2]
 

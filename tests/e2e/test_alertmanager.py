@@ -6,7 +6,7 @@ import time
 
 import requests
 
-from ..conftest import TOKEN
+from tests.conftest import TOKEN
 from .processes import Alertmanager, TrainingLoop
 
 JOB = "llama-ft-01"

@@ -5,7 +5,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_make_demo_halves_the_lr_of_the_spiking_job(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from client import RemediationClient
+from trainmedic.client import RemediationClient
 
 
 def schedule(step: int) -> float:

@@ -1,0 +1,309 @@
+"""Declarative playbooks from YAML: validated at load time, every problem reported as FILE:LINE: message."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from trainmedic.client.wire.actions import CATALOGUE, ParamError
+from trainmedic.client.wire.durations import parse_duration
+from trainmedic.client.wire.keys import TARGET_KINDS
+
+from trainmedic.service.rules.matchers import Matcher, MatcherError, parse_matcher
+
+# The shipped playbooks: package data of trainmedic.playbooks (the repository's playbooks/ folder).
+SHIPPED = Path(str(resources.files("trainmedic.playbooks")))
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_FIELDS = ("name", "matchers", "target", "actions", "on_resolved", "cooldown", "max_runs", "approval",
+           "approval_timeout", "dry_run", "expire_after", "description")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of a playbook with its (validated) parameters as written."""
+
+    action: str
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Playbook:
+    """What to do when an alert matches."""
+
+    name: str
+    matchers: tuple[Matcher, ...]
+    target: str
+    actions: tuple[Step, ...]
+    on_resolved: tuple[Step, ...] = ()
+    cooldown: float = 0.0
+    max_runs: tuple[int, float] | None = None
+    approval: bool = False
+    approval_timeout: float = 3600.0
+    dry_run: bool = False
+    expire_after: float = 3600.0
+    description: str = ""
+    source: str = ""
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(m.matches(labels) for m in self.matchers)
+
+
+class PlaybookError(Exception):
+    """Invalid playbooks; `problems` holds one "FILE:LINE: message" per problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(problems[0] if len(problems) == 1 else f"{problems[0]} (and {len(problems) - 1} more)")
+        self.problems = problems
+
+
+class _Problems:
+    def __init__(self, file: str):
+        self.file = file
+        self.items: list[str] = []
+        self._lines: list[int] = []
+
+    def add(self, node: yaml.Node, message: str) -> None:
+        self.items.append(f"{self.file}:{node.start_mark.line + 1}: {message}")
+        self._lines.append(node.start_mark.line + 1)
+
+    def sorted(self) -> list[str]:
+        """The problems in file order (a playbook's fields are checked out of order)."""
+        return [item for _, _, item in sorted(zip(self._lines, range(len(self.items)), self.items))]
+
+
+def _name_of(node: yaml.Node) -> str | None:
+    """The `name:` of a playbook node if it is a plain string, whatever else is wrong with it."""
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == "name" and isinstance(v, yaml.ScalarNode):
+                return v.value
+    return None
+
+
+def _scalar(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    return loader.construct_object(node, deep=True)
+
+
+def _mapping(node: yaml.Node, where: str, p: _Problems) -> dict[str, tuple[yaml.Node, yaml.Node]] | None:
+    """Keys of a mapping node to (key node, value node), reporting duplicates."""
+    if not isinstance(node, yaml.MappingNode):
+        p.add(node, f"{where} must be a mapping")
+        return None
+    out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for k, v in node.value:
+        key = k.value if isinstance(k, yaml.ScalarNode) else None
+        if key in out:
+            p.add(k, f"duplicate key {key!r} in {where}")
+        out[str(key)] = (k, v)
+    return out
+
+
+def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: str, p: _Problems) -> tuple[Step, ...]:
+    if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        p.add(node, f"{where} must be a list of actions")
+        return ()
+    steps = []
+    for item in node.value:
+        if isinstance(item, yaml.ScalarNode):
+            name, params_node = str(_scalar(loader, item)), None
+        elif isinstance(item, yaml.MappingNode) and len(item.value) == 1:
+            name, params_node = str(item.value[0][0].value), item.value[0][1]
+        else:
+            p.add(item, f"each item of {where} is one action: `- scale_lr: {{factor: 0.5}}`")
+            continue
+        spec = CATALOGUE.get(name)
+        if spec is None:
+            p.add(item, f"unknown action {name!r} (known: {', '.join(sorted(CATALOGUE))})")
+            continue
+        if kind in TARGET_KINDS and spec.kind != kind:
+            p.add(item, f"action {name} runs on a {spec.kind}, but this playbook targets a {kind}")
+        params = _scalar(loader, params_node) if params_node is not None else {}
+        try:
+            spec.parse(params)
+        except ParamError as exc:
+            msg = str(exc)
+            # Say which action a bare "factor must be a number" belongs to.
+            p.add(params_node or item, msg if name in msg else f"{name}: {msg}")
+            continue
+        steps.append(Step(name, dict(params or {})))
+    return tuple(steps)
+
+
+def _duration(loader: yaml.SafeLoader, node: yaml.Node, field: str, p: _Problems) -> float | None:
+    try:
+        return parse_duration(_scalar(loader, node))
+    except ValueError as exc:
+        p.add(node, f"{field}: {exc}")
+        return None
+
+
+def _bool(loader: yaml.SafeLoader, node: yaml.Node, field: str, p: _Problems) -> bool:
+    v = _scalar(loader, node)
+    if not isinstance(v, bool):
+        p.add(node, f"{field} must be true or false")
+        return False
+    return v
+
+
+def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems) -> Playbook | None:
+    fields = _mapping(node, "a playbook", p)
+    if fields is None:
+        return None
+    before = len(p.items)
+    for key, (knode, _) in fields.items():
+        if key not in _FIELDS:
+            p.add(knode, f"unknown playbook field {key!r} (allowed: {', '.join(_FIELDS)})")
+    for required in ("name", "matchers", "target"):
+        if required not in fields:
+            p.add(node, f"playbook is missing {required!r}")
+    if len(p.items) > before and any(r not in fields for r in ("name", "matchers", "target")):
+        return None
+    name = _scalar(loader, fields["name"][1])
+    if not isinstance(name, str) or not _NAME.match(name):
+        p.add(fields["name"][1], "name must be 1 to 64 letters, digits, '_', '.' or '-'")
+    kind = _scalar(loader, fields["target"][1])
+    if kind not in TARGET_KINDS:
+        p.add(fields["target"][1], f"target must be 'job' or 'node', not {kind!r}")
+    matchers: list[Matcher] = []
+    mnode = fields["matchers"][1]
+    if not isinstance(mnode, yaml.SequenceNode) or not mnode.value:
+        p.add(mnode, 'matchers must be a non-empty list like - alertname="GPUTemperatureHigh"')
+    else:
+        for m in mnode.value:
+            try:
+                matchers.append(parse_matcher(_scalar(loader, m)))
+            except MatcherError as exc:
+                p.add(m, str(exc))
+    actions = _steps(loader, fields["actions"][1], kind, "actions", p) if "actions" in fields else ()
+    on_resolved = _steps(loader, fields["on_resolved"][1], kind, "on_resolved", p) if "on_resolved" in fields else ()
+    opts: dict[str, Any] = {}
+    for field in ("cooldown", "approval_timeout", "expire_after"):
+        if field in fields:
+            opts[field] = _duration(loader, fields[field][1], field, p)
+            if field != "cooldown" and opts[field] is not None and opts[field] <= 0:
+                # A zero expiry would expire every command (or approval) the moment it is made.
+                p.add(fields[field][1], f"{field} must be longer than zero")
+    for field in ("approval", "dry_run"):
+        if field in fields:
+            opts[field] = _bool(loader, fields[field][1], field, p)
+    if "max_runs" in fields:
+        opts["max_runs"] = _max_runs(loader, fields["max_runs"][1], p)
+    if "description" in fields:
+        opts["description"] = str(_scalar(loader, fields["description"][1]) or "")
+    if len(p.items) > before:
+        return None
+    return Playbook(name=name, matchers=tuple(matchers), target=kind, actions=actions, on_resolved=on_resolved,
+                    source=f"{file}:{node.start_mark.line + 1}", **opts)
+
+
+def _max_runs(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> tuple[int, float] | None:
+    fields = _mapping(node, "max_runs", p)
+    if fields is None:
+        return None
+    if set(fields) != {"count", "per"}:
+        p.add(node, "max_runs needs exactly count and per, e.g. {count: 3, per: 24h}")
+        return None
+    count = _scalar(loader, fields["count"][1])
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        p.add(fields["count"][1], "max_runs.count must be an integer >= 1")
+        return None
+    per = _duration(loader, fields["per"][1], "max_runs.per", p)
+    if per is not None and per <= 0:
+        p.add(fields["per"][1], "max_runs.per must be longer than zero")
+        return None
+    return (count, per) if per else None
+
+
+def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Playbook], list[str]]:
+    """Playbooks of one file and its problems; `seen` (name -> place) catches duplicates across files."""
+    seen = {} if seen is None else seen
+    file = str(path)
+    p = _Problems(file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [f"{file}:1: cannot read the file ({exc.__class__.__name__}: {exc})"]
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", 0) + 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        return [], [f"{file}:{line}: invalid YAML: {problem}"]
+    if root is None:
+        return [], [f"{file}:1: the file is empty; expected a top-level `playbooks:` list"]
+    top = _mapping(root, "the file", p)
+    if top is None:
+        return [], p.items
+    for key, (knode, _) in top.items():
+        if key != "playbooks":
+            p.add(knode, f"unknown top-level key {key!r} (expected `playbooks:`)")
+    if "playbooks" not in top:
+        if not p.items:
+            p.add(root, "expected a top-level `playbooks:` list")
+        return [], p.items
+    lst = top["playbooks"][1]
+    if not isinstance(lst, yaml.SequenceNode):
+        p.add(lst, "playbooks must be a list")
+        return [], p.items
+    out = []
+    for node in lst.value:
+        pb = _playbook(loader, node, file, p)
+        # Duplicates are found by name even when a playbook is invalid, so one run reports both.
+        name = _name_of(node)
+        if name is not None:
+            if name in seen:
+                p.add(node, f"duplicate playbook name {name!r} (first at {seen[name]})")
+                continue
+            seen[name] = f"{file}:{node.start_mark.line + 1}"
+        if pb is not None:
+            out.append(pb)
+    return out, p.sorted()
+
+
+def files_of(paths: Iterable[str | Path]) -> list[Path]:
+    """YAML files named, or found in the folders named (sorted)."""
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out.extend(sorted(q for q in path.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
+        else:
+            out.append(path)
+    return out
+
+
+def check(paths: Iterable[str | Path]) -> tuple[list[Playbook], list[str]]:
+    """All playbooks and all problems of the given files and folders."""
+    playbooks: list[Playbook] = []
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    files = files_of(paths)
+    for path in files:
+        if not path.exists():
+            problems.append(f"{path}:0: no such file or folder")
+            continue
+        pbs, probs = parse_file(path, seen)
+        playbooks.extend(pbs)
+        problems.extend(probs)
+    return playbooks, problems
+
+
+def load(paths: Iterable[str | Path]) -> list[Playbook]:
+    """All playbooks, or PlaybookError listing every problem."""
+    paths = list(paths)
+    playbooks, problems = check(paths)
+    if problems:
+        raise PlaybookError(problems)
+    if not files_of(paths):
+        raise PlaybookError([f"{', '.join(map(str, paths))}:0: no playbook files (*.yaml) found"])
+    return playbooks

@@ -1,0 +1,192 @@
+"""Prometheus metrics, exact across gunicorn workers via prometheus_client's multiprocess mode.
+
+Counters the service itself moves (alerts, remediations, webhook time) live in the worker processes and
+are merged from PROMETHEUS_MULTIPROC_DIR. Acks are written by trainers and agents straight into Redis,
+so their counts, their latency and the mailbox backlog are read from Redis at scrape time instead.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from typing import Any, Iterable, Iterator
+
+import redis
+from flask import Blueprint, Response, current_app
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram,
+                               generate_latest, multiprocess)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.redis import run_scripts
+from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS
+
+from trainmedic.service.rules.alerts import AlertGroup
+
+log = logging.getLogger("trainmedic.metrics")
+bp = Blueprint("metrics", __name__)
+
+ALERTS = Counter("trainmedic_alerts_received_total", "Alerts received on the webhook.", ["status"])
+REMEDIATIONS = Counter("trainmedic_remediations_total", "Remediations decided, by playbook and status.",
+                       ["playbook", "status"])
+WEBHOOK_SECONDS = Histogram("trainmedic_webhook_duration_seconds", "Time to handle one webhook request.",
+                            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+
+LIVE_WINDOW = 60.0  # seconds since the last heartbeat for a target to count as live (as GET /targets)
+
+# KEYS[1] cursor, KEYS[2] mailbox: entries after the cursor (the stream is capped, so this is bounded).
+BACKLOG = r"""
+local cur = redis.call('GET', KEYS[1]) or '0-0'
+return #redis.call('XRANGE', KEYS[2], '(' .. cur, '+')
+"""
+
+
+class Metrics:
+    """The service's counters, fed by the request handlers."""
+
+    def webhook(self, group: AlertGroup, outcomes: Iterable) -> None:
+        for a in group.alerts:
+            ALERTS.labels(a.status).inc()
+        self.remediations(outcomes)
+
+    def remediations(self, outcomes: Iterable) -> None:
+        for o in outcomes:
+            if o.new:
+                REMEDIATIONS.labels(o.playbook, o.status).inc()
+
+
+class _Process(Collector):
+    """This process's own registry, for a single-process server (no PROMETHEUS_MULTIPROC_DIR)."""
+
+    def collect(self) -> Iterable[Metric]:
+        return REGISTRY.collect()
+
+
+class RedisCollector(Collector):
+    """What lives in Redis: acks by action and status, ack latency, backlog, live targets, Redis health."""
+
+    def __init__(self, r: redis.Redis):
+        self.r = r
+        self._backlog = r.register_script(BACKLOG)
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("trainmedic_redis_up", "1 when Redis answered this scrape, 0 when it did not.")
+        try:
+            families = self._families()
+        except redis.RedisError as exc:
+            # A scrape must still answer when Redis is down: that is when the gauge matters most.
+            log.warning("metrics: Redis unavailable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _targets(self) -> list[keys.Target]:
+        labels = set(self.r.zrange(keys.TARGETS, 0, -1)) | set(self.r.smembers(keys.MAILBOXES))
+        out = []
+        for label in sorted(labels):
+            kind, _, name = label.partition(":")
+            if kind in keys.TARGET_KINDS and keys.TARGET_NAME_RE.match(name):
+                out.append(keys.Target(kind, name))
+        return out
+
+    def _families(self) -> list[Metric]:
+        targets = self._targets()
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        for t in targets:
+            pipe.hgetall(keys.ack_stats(t))
+            pipe.exists(keys.heartbeat(t))
+            pipe.zscore(keys.TARGETS, t.label)
+        plain = pipe.execute() if targets else []
+        # The backlog script goes through run_scripts: cluster pipelines refuse a script call mixed in.
+        waiting = run_scripts(self.r, [(self._backlog, [keys.cursor(t), keys.mailbox(t)], []) for t in targets])
+        answers = []
+        for i in range(len(targets)):
+            stats, beating, seen = plain[3 * i:3 * i + 3]
+            answers += [stats, waiting[i], beating, seen]
+        pending_approval = int(self.r.zcard(keys.APPROVALS))
+
+        acked: dict[tuple[str, str], int] = defaultdict(int)
+        buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(ACK_LATENCY_BUCKETS) + 1))
+        sums: dict[str, float] = defaultdict(float)
+        backlog = {kind: 0 for kind in keys.TARGET_KINDS}
+        live = {kind: 0 for kind in keys.TARGET_KINDS}
+        gone = []
+        for i, t in enumerate(targets):
+            stats, waiting, beating, seen = answers[4 * i:4 * i + 4]
+            backlog[t.kind] += int(waiting)
+            if beating and seen is not None and float(seen) >= now - LIVE_WINDOW:
+                live[t.kind] += 1
+            if not stats and not int(waiting) and seen is None:
+                gone.append(t.label)
+            _add_stats(stats, acked, buckets, sums)
+        if gone:  # targets whose stats expired and whose mailbox is empty: stop reading them
+            self.r.srem(keys.MAILBOXES, *gone)
+
+        acked_f = CounterMetricFamily("trainmedic_actions_acked_total",
+                                      "Actions acknowledged by trainers and agents, by action and status.",
+                                      labels=["action", "status"])
+        for (action, status), n in sorted(acked.items()):
+            acked_f.add_metric([action, status], n)
+        latency_f = HistogramMetricFamily("trainmedic_ack_latency_seconds",
+                                          "Time from dispatch to the ack of an action, by action.",
+                                          labels=["action"])
+        for action, counts in sorted(buckets.items()):
+            cumulative, running = [], 0
+            for le, n in zip([*map(floatToGoString, ACK_LATENCY_BUCKETS), "+Inf"], counts):
+                running += n
+                cumulative.append((le, running))
+            latency_f.add_metric([action], cumulative, sums[action])
+        backlog_f = GaugeMetricFamily("trainmedic_mailbox_backlog",
+                                      "Commands in mailboxes not yet taken by their target, by target kind.",
+                                      labels=["kind"])
+        live_f = GaugeMetricFamily("trainmedic_targets_live",
+                                   "Training clients (job) and node agents (node) with a recent heartbeat.",
+                                   labels=["kind"])
+        for kind in keys.TARGET_KINDS:
+            backlog_f.add_metric([kind], backlog[kind])
+            live_f.add_metric([kind], live[kind])
+        approvals_f = GaugeMetricFamily("trainmedic_approvals_pending", "Remediations waiting for approval.",
+                                        value=pending_approval)
+        return [acked_f, latency_f, backlog_f, live_f, approvals_f]
+
+
+def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict) -> None:
+    """Fold one target's ack stats hash (fields written by client/scripts.py ACK) into the totals."""
+    for field, value in stats.items():
+        kind, _, rest = field.partition("|")
+        try:
+            if kind == "n":
+                action, _, status = rest.partition("|")
+                acked[(action, status)] += int(value)
+            elif kind == "b":
+                action, _, slot = rest.rpartition("|")
+                buckets[action][len(ACK_LATENCY_BUCKETS) if slot == "inf" else int(slot)] += int(value)
+            elif kind == "s":
+                sums[rest] += float(value)
+        except (ValueError, IndexError):
+            log.warning("metrics: ignoring malformed ack stats field %r", field)
+
+
+def registry_for(r: redis.Redis) -> CollectorRegistry:
+    """A registry for one scrape: every worker's counters (or this process's) plus what Redis holds."""
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_Process())
+    registry.register(RedisCollector(r))
+    return registry
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    """Prometheus text format: every worker's counters plus what Redis holds."""
+    registry = registry_for(current_app.extensions["trainmedic"].redis)
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

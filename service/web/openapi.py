@@ -1,0 +1,338 @@
+"""GET /openapi.json: an OpenAPI 3.0 description of the HTTP API, kept beside the code it describes."""
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify
+
+from trainmedic.client.wire.protocol import ACK_STATUSES
+
+from trainmedic.service.rules import alerts
+from trainmedic.service import history
+
+bp = Blueprint("openapi", __name__)
+
+ACTION_STATUSES = ("pending", "delivered", *ACK_STATUSES)
+TARGET_NAME = r"^(?!\.+$)[A-Za-z0-9_.:@-]{1,128}$"
+RECORD_ID = r"^[0-9A-Z]{26}~(job|node)~[A-Za-z0-9_.:@-]{0,128}$"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict:
+    return _json(_ref("Error"), description)
+
+
+def _strings(description: str) -> dict:
+    return {"type": "object", "additionalProperties": {"type": "string"}, "description": description}
+
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"], "additionalProperties": False,
+        "properties": {"error": {"type": "string", "description": "One human sentence."}},
+    },
+    "Target": {
+        "type": "object", "required": ["kind", "name"],
+        "properties": {
+            "kind": {"type": "string", "enum": ["job", "node"]},
+            "name": {"type": "string", "nullable": True,
+                     "description": "null when the alert's label could not be used as a target (bad_label)"},
+        },
+    },
+    "RecordAlert": {
+        "type": "object", "required": ["alertname", "status", "fingerprint", "starts_at", "labels", "annotations"],
+        "properties": {
+            "alertname": {"type": "string"},
+            "status": {"type": "string", "enum": ["firing", "resolved"]},
+            "fingerprint": {"type": "string"},
+            "starts_at": {"type": "string"},
+            "labels": _strings("The alert's labels as Alertmanager sent them."),
+            "annotations": _strings("The alert's annotations."),
+        },
+    },
+    "RecordAction": {
+        "type": "object", "required": ["action", "params", "status", "result", "acked_at", "acked_by"],
+        "properties": {
+            "action": {"type": "string", "example": "scale_lr"},
+            "params": {"type": "object", "additionalProperties": True},
+            "status": {"type": "string", "enum": list(ACTION_STATUSES)},
+            "result": {"type": "object", "nullable": True, "additionalProperties": True,
+                       "description": 'What the applier reported, e.g. {"old_lr": [..], "new_lr": [..], "step": 1234}'},
+            "acked_at": {"type": "string", "format": "date-time", "nullable": True},
+            "acked_by": {"type": "string", "nullable": True, "description": "host:pid[:rank]"},
+        },
+    },
+    "Record": {
+        "type": "object",
+        "required": ["id", "created_at", "playbook", "status", "reason", "alert", "target", "actions"],
+        "properties": {
+            "id": {"type": "string", "pattern": RECORD_ID},
+            "created_at": {"type": "string", "format": "date-time"},
+            "playbook": {"type": "string"},
+            "status": {"type": "string", "enum": list(history.STATUSES)},
+            "reason": {"type": "string", "nullable": True,
+                       "description": "Why it was skipped or expired: cooldown, budget_exhausted, no_target, "
+                                      "bad_label, no_actions, approval_expired, ..."},
+            "detail": {"type": "string"},
+            "on_resolved": {"type": "boolean", "description": "true for the on_resolved actions of a resolved alert"},
+            "approval_expires_at": {"type": "string", "format": "date-time"},
+            "alert": _ref("RecordAlert"),
+            "target": _ref("Target"),
+            "actions": {"type": "array", "items": _ref("RecordAction")},
+        },
+    },
+    "HistoryPage": {
+        "type": "object", "required": ["items", "next"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Record")},
+            "next": {"type": "string", "nullable": True, "pattern": RECORD_ID,
+                     "description": "Pass as `before` for the next (older) page; null on the last page."},
+        },
+    },
+    "AlertmanagerAlert": {
+        "type": "object", "required": ["status", "labels", "startsAt"],
+        "properties": {
+            "status": {"type": "string", "enum": ["firing", "resolved"]},
+            "labels": {**_strings("Must include a non-empty alertname."), "required": ["alertname"],
+                       "properties": {"alertname": {"type": "string", "minLength": 1}}},
+            "annotations": {**_strings("Free text; shown in the history."), "nullable": True},
+            "startsAt": {"type": "string", "format": "date-time", "example": "2026-11-22T01:25:24.115697517Z"},
+            "endsAt": {"type": "string", "nullable": True},
+            "generatorURL": {"type": "string", "nullable": True},
+            "fingerprint": {"type": "string", "nullable": True, "pattern": "^[A-Za-z0-9]{0,64}$",
+                            "description": "Derived from the labels when absent or empty."},
+        },
+    },
+    "AlertmanagerPayload": {
+        "type": "object", "required": ["alerts"],
+        "description": "Alertmanager's webhook body, payload version 4; other fields are ignored.",
+        "properties": {
+            "version": {"type": "string", "enum": ["4"]},
+            "receiver": {"type": "string", "nullable": True},
+            "status": {"type": "string", "nullable": True},
+            "groupKey": {"type": "string", "nullable": True},
+            "externalURL": {"type": "string", "nullable": True},
+            # Each alert is matched on its own labels, so the group's summaries are read by no one.
+            "groupLabels": {"description": "Ignored."},
+            "commonLabels": {"description": "Ignored."},
+            "commonAnnotations": {"description": "Ignored."},
+            "truncatedAlerts": {"description": "Ignored."},
+            "alerts": {"type": "array", "maxItems": alerts.MAX_ALERTS, "items": _ref("AlertmanagerAlert")},
+        },
+    },
+    "Outcome": {
+        "type": "object", "required": ["id", "playbook", "fingerprint", "status", "reason"],
+        "properties": {
+            "id": {"type": "string", "pattern": RECORD_ID},
+            "playbook": {"type": "string"},
+            "fingerprint": {"type": "string"},
+            "status": {"type": "string", "enum": list(history.STATUSES)},
+            "reason": {"type": "string", "nullable": True},
+        },
+    },
+    "WebhookResult": {
+        "type": "object", "required": ["status", "alerts", "remediations", "duplicates"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok"]},
+            "alerts": {"type": "integer", "minimum": 0},
+            "remediations": {"type": "array", "items": _ref("Outcome"),
+                             "description": "The records this notification created (resends create none)."},
+            "duplicates": {"type": "integer", "minimum": 0},
+        },
+    },
+    "ManualTrigger": {
+        "type": "object", "required": ["playbook"], "additionalProperties": False,
+        "properties": {
+            "playbook": {"type": "string", "example": "loss-spike"},
+            "labels": {**_strings("Labels of the synthetic alert; alertname defaults to manual:PLAYBOOK."),
+                       "properties": {"alertname": {"type": "string", "minLength": 1}}, "nullable": True},
+            "annotations": {**_strings("Annotations of the synthetic alert."), "nullable": True},
+        },
+    },
+    "LiveTarget": {
+        "type": "object", "required": ["kind", "name", "last_seen", "age_seconds"], "additionalProperties": True,
+        "description": "A training client or node agent; other fields are what it reports (host, pid, step, lr).",
+        "properties": {
+            "kind": {"type": "string", "enum": ["job", "node"]},
+            "name": {"type": "string"},
+            "last_seen": {"type": "string", "format": "date-time"},
+            "age_seconds": {"type": "number"},
+        },
+    },
+    "Targets": {
+        "type": "object", "required": ["targets"],
+        "properties": {"targets": {"type": "array", "items": _ref("LiveTarget")}},
+    },
+    "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["ok"]}}},
+    "Ready": {
+        "type": "object", "required": ["status", "redis", "playbooks"],
+        "properties": {"status": {"type": "string", "enum": ["ready"]}, "redis": {"type": "string"},
+                       "playbooks": {"type": "integer", "minimum": 0}},
+    },
+}
+
+BEARER = [{"bearer": []}]
+REDIS_DOWN = _error("Redis is unavailable; retry later (Alertmanager retries 5xx).")
+AUTH_ERRORS = {
+    "401": _error("Authorization: Bearer token missing or wrong (a token is configured)."),
+    "403": _error("No token is configured and the request is not from loopback."),
+}
+BODY_ERRORS = {
+    "400": _error("Malformed JSON or payload."),
+    "413": _error("The body is over 1 MiB."),
+    "415": _error("The body is not sent as application/json."),
+}
+HTML = {"text/html": {"schema": {"type": "string"}}}
+# gunicorn refuses a request line over 4094 bytes before the app sees it (long query or path values).
+TOO_LONG = {"414": {"description": "The URL is longer than the server accepts (gunicorn: 4094 bytes).",
+                    "content": HTML}}
+
+
+def _query(name: str, schema: dict, description: str) -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def _path(name: str, schema: dict) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+FILTERS = [
+    _query("alertname", {"type": "string", "maxLength": 256}, "Only records of this alert."),
+    _query("playbook", {"type": "string", "maxLength": 256}, "Only records of this playbook."),
+    _query("target", {"type": "string", "maxLength": 256}, "A target name, or kind:name."),
+    _query("status", {"type": "string", "enum": ["", *history.STATUSES]}, "Only records in this status (empty: any)."),
+    _query("before", {"type": "string", "pattern": "^$|" + RECORD_ID}, "The `next` cursor of the previous page."),
+]
+
+
+# A new record's id leads to reading it and approving it (schemathesis follows these in its stateful phase).
+RECORD_LINKS = {
+    "GetRemediation": {"operationId": "getRemediation", "parameters": {"id": "$response.body#/id"}},
+    "ApproveRemediation": {"operationId": "approve", "parameters": {"id": "$response.body#/id"}},
+}
+
+
+def _paths() -> dict:
+    rid = _path("id", {"type": "string"})
+    created = _json(_ref("Record"), "The new record.")
+    created["links"] = RECORD_LINKS
+    return {
+        "/webhook": {"post": {
+            "summary": "Alertmanager webhook (payload version 4)",
+            "operationId": "webhook", "security": BEARER, "tags": ["webhook"],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("AlertmanagerPayload")}}},
+            "responses": {"200": _json(_ref("WebhookResult"), "Processed: decided, recorded and dispatched."),
+                          **BODY_ERRORS, **AUTH_ERRORS, "503": REDIS_DOWN},
+        }},
+        "/history": {"get": {
+            "summary": "Remediation records, newest first", "operationId": "listHistory", "tags": ["history"],
+            "parameters": [_query("limit", {"type": "integer", "minimum": 1, "maximum": history.MAX_LIMIT,
+                                            "default": 50}, "Records per page."), *FILTERS],
+            "responses": {"200": _json(_ref("HistoryPage"), "A page of records."),
+                          "400": _error("A bad query."), **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/remediations": {"post": {
+            "summary": "Trigger a playbook by hand", "operationId": "trigger", "security": BEARER,
+            "tags": ["remediations"],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ManualTrigger")}}},
+            "responses": {"201": created, **BODY_ERRORS, **AUTH_ERRORS,
+                          "404": _error("No playbook of that name."), "503": REDIS_DOWN},
+        }},
+        "/remediations/{id}": {"get": {
+            "summary": "One record", "operationId": "getRemediation", "tags": ["remediations"],
+            "parameters": [rid],
+            "responses": {"200": _json(_ref("Record"), "The record."), "404": _error("No such record."),
+                          **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/remediations/{id}/approve": {"post": {
+            "summary": "Release a record held for approval", "operationId": "approve", "security": BEARER,
+            "tags": ["remediations"], "parameters": [rid],
+            "responses": {"200": _json(_ref("Record"), "Released: its command is dispatched."), **AUTH_ERRORS,
+                          "404": _error("No such record."),
+                          "409": _error("The record is not pending approval, or its approval time has passed."),
+                          **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/targets": {"get": {
+            "summary": "Live training clients and node agents", "operationId": "listTargets", "tags": ["targets"],
+            "responses": {"200": _json(_ref("Targets"), "Targets with a heartbeat in the last minute."),
+                          "503": REDIS_DOWN},
+        }},
+        "/healthz": {"get": {
+            "summary": "The process is up", "operationId": "healthz", "tags": ["probes"],
+            "responses": {"200": _json(_ref("Health"), "Up.")},
+        }},
+        "/readyz": {"get": {
+            "summary": "Redis reachable and playbooks loaded", "operationId": "readyz", "tags": ["probes"],
+            "responses": {"200": _json(_ref("Ready"), "Ready."), "503": _error("Redis is unreachable.")},
+        }},
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics, exact across gunicorn workers", "operationId": "metrics",
+            "tags": ["probes"],
+            "responses": {"200": {"description": "Prometheus text exposition format.",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        }},
+        "/": {"get": {
+            "summary": "The history page for people", "operationId": "historyPage", "tags": ["pages"],
+            "parameters": [_query("limit", {"type": "integer", "minimum": 1, "maximum": history.MAX_LIMIT},
+                                  "Records per page."), *FILTERS],
+            "responses": {"200": {"description": "HTML.", "content": HTML},
+                          "400": {"description": "HTML saying what is wrong with the query.", "content": HTML},
+                          **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/targets/{kind}/{name}": {"get": {
+            "summary": "One target's page: timeline, LR before and after, its records", "operationId": "targetPage",
+            "tags": ["pages"],
+            "parameters": [_path("kind", {"type": "string", "enum": ["job", "node"]}),
+                           _path("name", {"type": "string", "pattern": TARGET_NAME})],
+            "responses": {"200": {"description": "HTML.", "content": HTML},
+                          "404": {"description": "No such target name.",
+                                  "content": {**HTML, "application/json": {"schema": _ref("Error")}}},
+                          "503": REDIS_DOWN},
+        }},
+        "/openapi.json": {"get": {
+            "summary": "This description", "operationId": "openapi", "tags": ["probes"],
+            "responses": {"200": {"description": "OpenAPI 3.0 document.",
+                                  "content": {"application/json": {"schema": {"type": "object"}}}}},
+        }},
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def document(playbooks: tuple[str, ...] = ()) -> dict:
+    """The OpenAPI document; a manual trigger's playbook is one of those loaded (when known)."""
+    schemas = copy.deepcopy(SCHEMAS)
+    if playbooks:
+        schemas["ManualTrigger"]["properties"]["playbook"]["enum"] = list(playbooks)
+        schemas["ManualTrigger"]["properties"]["playbook"]["example"] = playbooks[0]
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "trainmedic",
+            "version": "1",
+            "description": "Auto-remediation for ML training clusters: Alertmanager webhook in, playbook actions "
+                           "out to training jobs and GPU nodes, every decision recorded.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "TRAINMEDIC_WEBHOOK_TOKEN; required on every POST "
+                                                          "when a token is configured."}},
+        },
+        "tags": [{"name": n} for n in ("webhook", "history", "remediations", "targets", "probes", "pages")],
+    }
+
+
+@bp.get("/openapi.json")
+def openapi() -> Any:
+    """The OpenAPI document of this service (with its loaded playbooks)."""
+    return jsonify(document(tuple(p.name for p in current_app.extensions["trainmedic"].playbooks)))

@@ -1,0 +1,140 @@
+"""The history page for people: filtered records, a per-target timeline, live targets (server-rendered)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Mapping
+
+from flask import Blueprint, current_app, render_template, request, url_for
+
+from trainmedic.client.wire import keys
+
+from trainmedic.service.web import charts
+from trainmedic.service import history
+from trainmedic.service.web.api import live_targets
+from trainmedic.service.errors import BadRequest
+
+bp = Blueprint("ui", __name__, template_folder="templates")
+
+ICONS = {"applied": "✓", "partially_applied": "◐", "failed": "✗", "dispatched": "➜", "delivered": "➜",
+         "pending": "…", "pending_approval": "⏸", "dry_run": "◌", "skipped": "–", "unsupported": "⊘",
+         "expired": "⌛"}
+FILTERS = ("playbook", "target", "status", "alertname")
+TARGET_PAGE_RECORDS = 200
+HTML = {"Content-Type": "text/html; charset=utf-8"}
+
+
+def _ext() -> Any:
+    return current_app.extensions["trainmedic"]
+
+
+def _common(now: float) -> dict:
+    return {"now": now, "icons": ICONS, "refresh_seconds": int(current_app.config.get("UI_REFRESH_SECONDS", 10))}
+
+
+@bp.get("/")
+def index() -> Any:
+    """The history: live targets, a filter form, records newest first, paged by the history cursor."""
+    ext, now = _ext(), time.time()
+    f = {k: request.args.get(k) or None for k in FILTERS}
+    error, status = None, 200
+    try:
+        q = history.Query.from_args(request.args)
+        ext.dispatcher.expire_approvals()
+        items, nxt = history.page(ext.redis, q)
+    except BadRequest as exc:
+        # A person typed a URL or filter we cannot read: say why on the page itself.
+        error, status, items, nxt, q = exc.message, 400, [], None, history.Query()
+    filters = {k: v for k, v in f.items() if v}
+    keep = {**filters, "limit": q.limit} if "limit" in request.args and not error else filters
+    kind, _, name = (q.target or "").partition(":")
+    target_page = None
+    if kind in keys.TARGET_KINDS and keys.TARGET_NAME_RE.match(name):
+        target_page = {"kind": kind, "name": name, "url": url_for("ui.target", kind=kind, name=name)}
+    empty = ("No remediation matches these filters." if filters else
+             "No remediations yet. They appear here as soon as Alertmanager calls POST /webhook.")
+    return render_template(
+        "index.html", **_common(now), items=items, next=nxt, before=q.before, f=f, filtered=bool(filters),
+        error=error, targets=live_targets(ext.redis), playbooks=[p.name for p in ext.playbooks],
+        statuses=history.STATUSES, target_page=target_page, empty_text=empty,
+        next_url=url_for("ui.index", **keep, before=nxt) if nxt else None,
+        newest_url=url_for("ui.index", **keep)), status, HTML
+
+
+@bp.get("/targets/<kind>/<name>")
+def target(kind: str, name: str) -> Any:
+    """One target: whether it is live, its remediations over time, its LR before and after, its records."""
+    ext, now = _ext(), time.time()
+    if kind not in keys.TARGET_KINDS or not keys.TARGET_NAME_RE.match(name):
+        message = (f"There is no target {kind}/{name}: the kind is job or node, and the name is 1 to 128 "
+                   "letters, digits or _.:@-")
+        return render_template("error.html", **_common(now), message=message), 404, HTML
+    label = f"{kind}:{name}"
+    items, nxt = history.page(ext.redis, history.Query(limit=TARGET_PAGE_RECORDS, target=label))
+    live = next((t for t in live_targets(ext.redis) if t["kind"] == kind and t["name"] == name), None)
+    changes = charts.lr_changes(items)
+    current = _floats(live.get("lr")) if live else None
+    return render_template(
+        "target.html", **_common(now), kind=kind, name=name, live=live, items=items, next=nxt,
+        all_url=url_for("ui.index", target=label), timeline=charts.timeline(items, now),
+        lr=charts.lr_chart(changes, now, current), lr_changes=changes, dot_r=charts.DOT_R,
+        lr_groups=max((len(c.before) for c in changes), default=0)), 200, HTML
+
+
+def _floats(value: Any) -> list[float] | None:
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
+        return [float(v) for v in value]
+    return None
+
+
+@bp.app_template_filter("word")
+def word(value: Any) -> str:
+    """A status or reason as words: partially_applied -> partially applied."""
+    return str(value).replace("_", " ")
+
+
+@bp.app_template_filter("ago")
+def ago(text: str | None, now: float) -> str:
+    """An RFC 3339 time as a person says it: 42 s ago, 5 min ago, 3 h ago, else the date."""
+    t = charts.parse_time(text)
+    if t is None:
+        return text or "—"
+    d = now - t
+    if d < 5:
+        return "just now"
+    if d < 60:
+        return f"{int(d)} s ago"
+    if d < 3600:
+        return f"{int(d // 60)} min ago"
+    if d < 86400:
+        return f"{int(d // 3600)} h {int(d % 3600 // 60)} min ago"
+    return time.strftime("%b %d %H:%M UTC", time.gmtime(t))
+
+
+@bp.app_template_filter("when")
+def when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+@bp.app_template_filter("pretty")
+def pretty(value: Any) -> str:
+    """JSON for reading (autoescaped by the template like any other text)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@bp.app_template_filter("lrs")
+def lrs(values: Any) -> str:
+    """Learning rates, compactly: 0.001, 0.0005 (param groups with the same LR shown once)."""
+    if not isinstance(values, (list, tuple)):
+        return str(values)
+    shown = [f"{v:.3g}" if isinstance(v, (int, float)) else str(v) for v in values]
+    if len(set(shown)) == 1 and len(shown) > 1:
+        return f"{shown[0]} (×{len(shown)} groups)"
+    return ", ".join(shown)
+
+
+@bp.app_template_filter("web_url")
+def web_url(value: Any) -> bool:
+    """Only plain http(s) links from annotations become clickable (never javascript: or data:)."""
+    return isinstance(value, str) and value.startswith(("https://", "http://")) and " " not in value
+
