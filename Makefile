@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 9095
 
-.PHONY: serve test bench demo clean
+.PHONY: serve test lint system-deps bench demo dist clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,15 +21,29 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 serve: $(VENV)/.serve
 	$(BIN)/trainmedic serve --host $(HOST) --port $(PORT) --data-dir .trainmedic
 
-test: $(VENV)/.test
+# The Debian tools the tests drive (Redis, Prometheus, Alertmanager, Chromium, Slurm...), installed when missing.
+system-deps:
+	@bash scripts/system-deps
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check client service tests benchmarks scripts examples
+	$(BIN)/python scripts/typecheck.py
+
+test: system-deps lint
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test
 	$(BIN)/python benchmarks/run_all.py
 
 # The closed loop on one machine: Prometheus + Alertmanager (Debian) -> trainmedic -> a toy training job.
-demo: $(VENV)/.test
+demo: $(VENV)/.test system-deps
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
+# An sdist and a wheel in dist/, checked by twine.
+dist: $(VENV)/.test
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) .trainmedic .pytest_cache
+	rm -rf $(VENV) .trainmedic .pytest_cache .mypy_cache build dist

@@ -97,7 +97,8 @@ def main() -> None:
         print(f"{os.cpu_count()} CPU cores; no command pending (the steady state); slowest rank's mean")
         for world in args.worlds:
             out = str(tmp / f"w{world}")
-            mp.spawn(rank_main, args=(world, free_port(), server.url, args.calls, args.steps, out), nprocs=world, join=True)
+            mp.spawn(rank_main, args=(world, free_port(), server.url, args.calls, args.steps, out), nprocs=world,
+                     join=True)
             ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
             # The collective ends together on every rank; the slowest rank's mean is the loop's cost.
             fig = {k: max(rk[k] for rk in ranks) for k in ranks[0]}

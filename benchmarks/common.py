@@ -30,7 +30,7 @@ class Stack:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         if self.redis is not None:
             self.redis.start()
             self.redis_url = self.redis.url

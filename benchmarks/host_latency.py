@@ -88,8 +88,9 @@ def main() -> None:
         env = dict(os.environ, LD_LIBRARY_PATH=str(lib_dir), NVML_STUB_STATE=str(state.path),
                    TRAINMEDIC_LOG_LEVEL="warning")
         log = open(tmp / "agent.log", "wb")
-        agent = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", NODE, "--redis-url",
-                                  stack.redis_url], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        cli = [sys.executable, "-m", "trainmedic.service.cli"]
+        agent = subprocess.Popen([*cli, "agent", "--node", NODE, "--redis-url", stack.redis_url], env=env, cwd=ROOT,
+                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 30
             while not r.exists(keys.heartbeat(keys.Target("node", NODE))):

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
-import time
 import traceback
 from typing import IO, Any
+
+from .wire.protocol import rfc3339
 
 # Attributes every LogRecord has; anything else on a record came in through `extra=`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -20,7 +20,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": _rfc3339(record.created),
+            "ts": rfc3339(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": _message(record),
@@ -46,24 +46,14 @@ def _message(record: logging.LogRecord) -> str:
         return f"{record.msg} {record.args!r}"
 
 
-def _rfc3339(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + ".%03dZ" % (int(ts * 1000) % 1000)
-
-
 def remediation(record_id: str | None, fingerprint: str | None, target: Any, **more: Any) -> dict[str, Any]:
     """The `extra=` fields of a log line about a remediation: id, alert fingerprint, target."""
     label = target.label if hasattr(target, "label") else target
     return {"remediation_id": record_id, "fingerprint": fingerprint, "target": label, **more}
 
 
-def level_from_env(default: str = "info") -> str:
-    """TRAINMEDIC_LOG_LEVEL, upper-cased for logging (debug, info, warning, error)."""
-    level = (os.environ.get("TRAINMEDIC_LOG_LEVEL") or default).strip().upper()
-    return level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else default.upper()
-
-
-def setup(level: str | None = None, stream: IO[str] | None = None) -> logging.Handler:
-    """Send every logger's records to `stream` (stderr) as JSON lines; safe to call twice."""
+def setup(level: str = "info", stream: IO[str] | None = None) -> logging.Handler:
+    """Send every logger's records to `stream` (stderr) as JSON lines at `level`; safe to call twice."""
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_trainmedic_json", False):
@@ -72,15 +62,15 @@ def setup(level: str | None = None, stream: IO[str] | None = None) -> logging.Ha
     handler.setFormatter(JsonFormatter())
     handler._trainmedic_json = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    root.setLevel(level or level_from_env())
+    root.setLevel(level.upper())
     # Python warnings are printed, not logged, unless captured: they would break the one-object-per-line rule.
     logging.captureWarnings(True)
     return handler
 
 
-def gunicorn_config(level: str | None = None) -> dict[str, Any]:
+def gunicorn_config(level: str = "info") -> dict[str, Any]:
     """gunicorn's logconfig_dict: its own loggers and the app's, all as JSON lines on stderr."""
-    level = (level or level_from_env()).upper()  # dictConfig knows "INFO", not "info"
+    level = level.upper()  # dictConfig knows "INFO", not "info"
     return {
         "version": 1,
         "disable_existing_loggers": False,

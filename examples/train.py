@@ -20,7 +20,8 @@ import signal
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from prometheus_client import Counter, Gauge, start_http_server

@@ -29,8 +29,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
-from tests.support.stack import Alertmanager, Prometheus
+from trainmedic.service.embedded_redis import EmbeddedRedis, free_port  # noqa: E402
+from tests.support.stack import Alertmanager, Prometheus  # noqa: E402
 
 JOB = "demo-job"
 ALERT = "TrainingLossSpike"

@@ -1,27 +1,32 @@
-"""trainmedic's service: the Alertmanager webhook, history and approvals (a Flask app run by gunicorn)."""
+"""The Flask app: create_app() reads the settings, attaches Redis, playbooks and blueprints; nothing at import."""
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import redis
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from trainmedic.client.settings import Settings
 from trainmedic.client.wire.redis import connect
+from trainmedic.client.wire.signing import Signer
 
-from trainmedic.service import config as config_mod
-from trainmedic.service.decide.dispatch import Dispatcher, Settings
-from trainmedic.service.errors import TrainmedicError
-from trainmedic.service.web.metrics import WEBHOOK_SECONDS, Metrics
-from trainmedic.service.rules.playbooks import Playbook, load
+from .decide.alertmanager import Alertmanager
+from .decide.dispatch import DispatchSettings, Dispatcher
+from .decide.reconciler import Reconciler, ReconcilerSettings
+from .errors import TrainmedicError
+from .rules.playbooks import SHIPPED, Playbook, load
+from .web.metrics import WEBHOOK_SECONDS, Metrics
 
 log = logging.getLogger("trainmedic.service")
 
+MAX_BODY = 1024 * 1024
 # Connection trouble means "try again later" (503); any other Redis error is a bug (500).
-REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+REDIS_DOWN: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 try:  # cluster-only errors
     from redis.exceptions import ClusterDownError, TryAgainError
     REDIS_DOWN = REDIS_DOWN + (ClusterDownError, TryAgainError)
@@ -31,36 +36,53 @@ except ImportError:  # pragma: no cover
 
 @dataclass
 class Extension:
-    """What the app holds: a Redis client (a pool, no state) and the playbooks loaded at start."""
+    """What the app holds: the settings, a Redis client (a pool, no state) and the playbooks loaded at start."""
 
+    settings: Settings
     redis: redis.Redis
     playbooks: list[Playbook]
     dispatcher: Dispatcher
+    reconciler: Reconciler
     metrics: Metrics
+
+    def playbook(self, name: str) -> Playbook | None:
+        return next((p for p in self.playbooks if p.name == name), None)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    """The Flask app: defaults, then TRAINMEDIC_* environment, then test overrides."""
-    app = Flask(__name__)
-    app.config.update(config_mod.from_env())
-    if test_config:
-        app.config.update(test_config)
-    init_app(app)
+    """The Flask app: the environment's settings, then test overrides (Settings field names, or Flask's)."""
+    app = Flask(__name__, static_folder="web/static")
+    settings = Settings.from_env()
+    overrides = dict(test_config or {})
+    fields = {k: overrides.pop(k) for k in list(overrides) if k in Settings.__dataclass_fields__}
+    app.config.update(MAX_CONTENT_LENGTH=MAX_BODY, **overrides)
+    init_app(app, settings.replace(**fields))
     return app
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: Flask, settings: Settings) -> None:
     """Attach Redis, playbooks, blueprints and error handlers (playbooks are validated here)."""
-    if not app.config.get("REDIS_URL"):
+    if not settings.redis_url:
         raise ValueError("no Redis URL: set TRAINMEDIC_REDIS_URL (trainmedic serve starts an embedded Redis)")
-    playbooks = load([app.config["PLAYBOOKS"]])
-    r = connect(app.config["REDIS_URL"], timeout=float(app.config.get("REDIS_TIMEOUT", 2.0)))
-    settings = Settings(dry_run=bool(app.config.get("DRY_RUN")))
-    app.extensions["trainmedic"] = Extension(r, playbooks, Dispatcher(r, settings), Metrics())
+    if not settings.signing_key:
+        raise ValueError("no signing key: set TRAINMEDIC_SIGNING_KEY or TRAINMEDIC_SIGNING_KEY_FILE (trainmedic serve "
+                         "makes one in its data dir)")
+    playbooks = load([settings.playbooks or str(SHIPPED)])
+    r = connect(settings.redis_url, timeout=float(app.config.get("REDIS_TIMEOUT", 2.0)))
+    am = Alertmanager(settings.alertmanager_urls) if settings.alertmanager_urls else None
+    dispatcher = Dispatcher(r, Signer.from_secret(settings.signing_key), DispatchSettings(
+        dry_run=settings.dry_run, alertmanager_poll=30.0 if am else None))
+    reconciler = Reconciler(r, dispatcher, playbooks, ReconcilerSettings(history_max=settings.history_max),
+                            alertmanager=am)
+    try:
+        reconciler.mark_epoch()
+    except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
+        log.warning("Redis unavailable at start: %s", exc)
+    app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, Metrics())
 
-    from trainmedic.service.web import api, metrics, openapi, ui, webhook
-    for module in (webhook, api, metrics, ui, openapi):
-        app.register_blueprint(module.bp)
+    from .web import register
+
+    register(app)
 
     @app.before_request
     def _start_timer() -> None:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import redis
 
@@ -83,7 +83,7 @@ class EmbeddedRedis:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "EmbeddedRedis":
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         """Start the server and wait until it answers PING (RuntimeError if it does not)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if port_in_use(self.port):
@@ -132,7 +132,7 @@ class EmbeddedRedis:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

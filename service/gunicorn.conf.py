@@ -1,20 +1,22 @@
-"""gunicorn settings for `trainmedic serve` (values come from the environment serve sets)."""
+"""gunicorn settings for `trainmedic serve` (the values come from the environment serve sets)."""
 import logging
 import os
 import shutil
 
 from trainmedic.client.logs import gunicorn_config
+from trainmedic.client.settings import Settings
 
-bind = os.environ.get("TRAINMEDIC_BIND", "127.0.0.1:9095")
-workers = int(os.environ.get("TRAINMEDIC_WORKERS", "2"))
+_settings = Settings.from_env()
+bind = _settings.bind
+workers = _settings.workers
 worker_class = "gthread"
-threads = int(os.environ.get("TRAINMEDIC_THREADS", "4"))
+threads = _settings.threads
 timeout = 30
 graceful_timeout = 10
 keepalive = 5
 accesslog = None
 errorlog = "-"
-loglevel = os.environ.get("TRAINMEDIC_LOG_LEVEL", "info")
+loglevel = _settings.log_level
 
 # One JSON object per line from the master, the workers and the app. trainmedic.client.logs imports nothing
 # of the app, so the master creates no metrics before on_starting.
@@ -32,6 +34,12 @@ def on_starting(server):
     if d:
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d, exist_ok=True)
+
+
+def post_worker_init(worker):
+    # Every worker runs a reconciler thread; a lease in Redis lets one tick at a time, and another take
+    # over when a worker (or a whole replica) dies.
+    worker.wsgi.extensions["trainmedic"].reconciler.start()
 
 
 def child_exit(server, worker):

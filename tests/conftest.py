@@ -7,19 +7,31 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import redis
 import requests
 
+from trainmedic.client.wire.signing import Signer
 from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
+# Fixtures other test modules share: the NVML stand-in and node agents as real processes.
+pytest_plugins = ["tests.support.nvml"]
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "alertmanager-0.25"
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token"  # the webhook token (Alertmanager's)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OPERATOR = "operator-s3cret"  # the operator token (people's writes)
+OP_AUTH = {"Authorization": f"Bearer {OPERATOR}"}
+SIGNING_KEY = "tests-signing-key-" + "0123456789abcdef" * 2
+VERIFY_KEY = Signer.from_secret(SIGNING_KEY).public
+# What every service process of the tests gets (gunicorn, serve).
+SERVICE_ENV = {"TRAINMEDIC_WEBHOOK_TOKEN": TOKEN, "TRAINMEDIC_OPERATOR_TOKEN": OPERATOR,
+               "TRAINMEDIC_SIGNING_KEY": SIGNING_KEY}
 
 
 def load_fixture(name: str) -> dict:
@@ -52,8 +64,8 @@ def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 def make_app(r: redis.Redis, redis_url: str) -> Any:
     """Factory: an app on the test Redis with the shipped playbooks unless told otherwise."""
     def make(**overrides: Any) -> Any:
-        config = {"TESTING": True, "REDIS_URL": redis_url, "WEBHOOK_TOKEN": TOKEN,
-                  "PLAYBOOKS": str(ROOT / "playbooks")}
+        config = {"TESTING": True, "redis_url": redis_url, "webhook_token": TOKEN, "operator_token": OPERATOR,
+                  "signing_key": SIGNING_KEY, "playbooks": str(ROOT / "playbooks")}
         config.update(overrides)
         return create_app(config)
     return make
@@ -70,8 +82,10 @@ def http(app: Any) -> Any:
 
 
 def post_json(http: Any, path: str, body: Any, headers: dict | None = None) -> Any:
+    """POST JSON with the token that path takes (the webhook's, else the operator's) unless headers say."""
+    default = AUTH if path == "/webhook" else OP_AUTH
     return http.post(path, data=json.dumps(body), content_type="application/json",
-                     headers=AUTH if headers is None else headers)
+                     headers=default if headers is None else headers)
 
 
 def write_playbooks(path: Path, text: str) -> Path:
@@ -88,7 +102,7 @@ class Gunicorn:
         metrics = tmp / f"metrics-{self.port}"
         # The caller's env goes last and wins (e.g. its own TRAINMEDIC_PLAYBOOKS).
         self.env = {**os.environ, "TRAINMEDIC_BIND": f"127.0.0.1:{self.port}", "TRAINMEDIC_WORKERS": str(workers),
-                    "TRAINMEDIC_WEBHOOK_TOKEN": TOKEN, "PROMETHEUS_MULTIPROC_DIR": str(metrics),
+                    **SERVICE_ENV, "PROMETHEUS_MULTIPROC_DIR": str(metrics),
                     "TRAINMEDIC_PLAYBOOKS": str(ROOT / "playbooks"), **env}
         self.log = open(tmp / f"gunicorn-{self.port}.log", "wb")
         self.proc = subprocess.Popen(

@@ -7,35 +7,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import redis
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import rfc3339
-from trainmedic.service.rules import alerts
-from trainmedic.service.decide import dispatch
 from trainmedic.service.embedded_redis import EmbeddedRedis
-from trainmedic.service.rules.playbooks import Playbook, Step
-from trainmedic.service.rules.targets import Resolution
 
-from tests.conftest import ROOT
-from tests.support.nvml import AgentProcess, agents, nvml_lib, nvml_state, wait_record
+from trainmedic.client.wire.signing import Signer
+
+from tests.conftest import ROOT, SIGNING_KEY, VERIFY_KEY
+from tests.support import jobs
+from tests.support.nvml import AgentProcess, wait_record
 
 NODE = "gpu-node-3"
 
 
 def inject(r: redis.Redis, steps: list[tuple[str, dict]], node: str = NODE, context: dict | None = None,
            expire_after: float = 3600.0) -> str:
-    """Dispatch a command straight through the DECIDE script, bypassing playbook validation; its record id."""
-    pb = Playbook(name="manual", matchers=(), target="node", actions=tuple(Step(a, p) for a, p in steps),
-                  expire_after=expire_after)
-    alert = alerts.parse_alert({"status": "firing", "startsAt": rfc3339(),
-                                "labels": {"alertname": "manual", "node": node}}, "test")
-    d = dispatch.Decision(pb, "manual", alert, Resolution(keys.Target("node", node), context or {}))
-    out = dispatch.Dispatcher(r, dispatch.Settings()).execute([d])[0]
-    assert out.status == "dispatched", out
-    return out.record_id
+    """A command to this test's node, validated by nothing but the agent itself; its record id."""
+    return jobs.inject(r, keys.Target("node", node), steps, context, expire_after)
 
 
 def test_it_heartbeats_so_get_targets_lists_it(agents, nvml_lib, nvml_state, http, r, tmp_path: Path) -> None:
@@ -79,7 +69,8 @@ def test_a_command_that_expired_before_it_started_is_acked_expired(agents, r, tm
     rec = wait_record(r, rid)
     assert rec["status"] == "expired"
     assert [a["status"] for a in rec["actions"]] == ["expired", "expired"]
-    assert "expired" in rec["actions"][0]["result"]["reason"]
+    assert [a["reason"] for a in rec["actions"]] == ["expired", "expired"]
+    assert rec["actions"][0]["result"]["message"] == "The command expired before anyone applied it."
 
 
 def test_unknown_and_in_loop_actions_are_unsupported_and_bad_params_fail(agents, r) -> None:
@@ -89,12 +80,15 @@ def test_unknown_and_in_loop_actions_are_unsupported_and_bad_params_fail(agents,
                                                                                           "fraction": 0.5}),
                      ("disk_cleanup", {"patterns": ["../../etc/*"]})])
     rec = wait_record(r, rid)
-    got = [(a["status"], a["result"]["reason"]) for a in rec["actions"]]
+    # One shape on both sides (the training client answers the same): a reason code, and a sentence.
+    got = [(a["status"], a["reason"], a["result"].get("error") or a["result"].get("message")) for a in rec["actions"]]
     assert got == [
-        ("unsupported", "The node agent does not know the action 'reboot_node'."),
-        ("unsupported", "scale_lr runs in a training job, not on a node agent."),
-        ("failed", "Bad parameters: power_limit needs exactly one of 'watts' or 'fraction'."),
-        ("failed", "Bad parameters: patterns: pattern '../../etc/*' must name an entry, not a path."),
+        ("unsupported", "unsupported", "Unknown action 'reboot_node'."),
+        ("unsupported", "unsupported", "scale_lr runs in a training job, not on a node agent."),
+        ("failed", "bad_params", "Bad parameters for power_limit: power_limit needs exactly one of 'watts' or "
+                                 "'fraction'."),
+        ("failed", "bad_params", "Bad parameters for disk_cleanup: patterns: pattern '../../etc/*' must name an "
+                                 "entry, not a path."),
     ]
     assert rec["status"] == "failed" and agent.proc.poll() is None
 
@@ -104,11 +98,12 @@ def test_a_malformed_mailbox_entry_is_skipped_and_the_next_command_applied(agent
     agent = agents(NODE, allow_roots=[tmp_path / "ckpts"])
     agent.wait_ready(r)
     target = keys.Target("node", NODE)
-    r.xadd(keys.mailbox(target), {"c": "{not json"})
-    r.xadd(keys.mailbox(target), {"c": json.dumps({"v": 99})})
+    signer = Signer.from_secret(SIGNING_KEY)
+    for text in ("{not json", json.dumps({"v": 99})):  # signed by the service's key, but not commands
+        r.xadd(keys.mailbox(target), {"c": text, "s": signer.sign(text.encode())})
     rid = inject(r, [("disk_cleanup", {})])
     assert wait_record(r, rid)["status"] == "applied"
-    assert agent.proc.poll() is None and "malformed command" in agent.log()
+    assert agent.proc.poll() is None and agent.log().count("ignored a malformed command") == 2
 
 
 def test_two_agents_for_one_node_apply_each_command_once(agents, r, tmp_path: Path) -> None:
@@ -153,16 +148,22 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           timeout=60, cwd=ROOT, env=full)
 
 
-def test_bad_agent_flags_are_one_line_errors(redis_url: str) -> None:
+def test_bad_agent_flags_are_one_line_errors(redis_url: str, tmp_path: Path) -> None:
+    key = {"TRAINMEDIC_VERIFY_KEY": VERIFY_KEY}
+    state = ["--state-dir", str(tmp_path / "state")]
     cases = [
-        (["agent", "--node", "no spaces!"], "--node must match"),
-        (["agent", "--node", NODE], "no Redis URL"),
-        (["agent", "--node", NODE, "--redis-url", redis_url, "--allow-root", "/"], "anywhere on the host"),
-        (["agent", "--node", NODE, "--redis-url", "http://x"], "must start with redis://"),
+        (["agent", "--node", "no spaces!"], {}, 2, "--node must be 1 to 128 letters"),
+        (["agent", "--node", NODE, *state], key, 1, "no Redis URL"),
+        (["agent", "--node", NODE, "--redis-url", redis_url, *state], {}, 1, "needs TRAINMEDIC_VERIFY_KEY"),
+        (["agent", "--node", NODE, "--redis-url", redis_url, "--allow-root", "/", *state], key, 1,
+         "anywhere on the host"),
+        (["agent", "--node", NODE, "--redis-url", "http://x", *state], key, 1, "must start with redis://"),
+        (["agent", "--node", NODE, "--redis-url", redis_url, *state], {"TRAINMEDIC_VERIFY_KEY": "bm90IGEga2V5"}, 1,
+         "a verify key must be 32 bytes"),
     ]
-    for argv, words in cases:
-        out = run_cli(*argv)
-        assert out.returncode == 1, (argv, out)
+    for argv, env, code, words in cases:
+        out = run_cli(*argv, env=env)
+        assert out.returncode == code, (argv, out)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr, (argv, out.stderr)
 
@@ -173,13 +174,14 @@ def test_serve_runs_an_agent_for_its_own_host_and_stops_it(tmp_path: Path) -> No
 
     import requests
 
-    from trainmedic.service.cli import _node_name
+    from trainmedic.service.cli.serve import node_name
     from trainmedic.service.embedded_redis import free_port
 
     port = free_port()
     (tmp_path / "ckpts").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
-    proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "serve", "--port", str(port), "--workers", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "serve", "--port", str(port),
+                             "--workers", "1",
                              "--data-dir", str(tmp_path / "data"), "--allow-root", str(tmp_path / "ckpts"),
                              "--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=env)
@@ -194,7 +196,7 @@ def test_serve_runs_an_agent_for_its_own_host_and_stops_it(tmp_path: Path) -> No
             except requests.RequestException:
                 nodes = []
             if nodes:
-                assert nodes[0]["name"] == _node_name()
+                assert nodes[0]["name"] == node_name()
                 assert nodes[0]["allow_roots"] == [str(tmp_path / "ckpts")] and nodes[0]["dry_run"] is True
                 agent_pid = nodes[0]["pid"]
             else:

@@ -7,7 +7,8 @@ from trainmedic.service.web import charts
 NOW = 1_800_000_000.0
 
 
-def record(rid: str, t: float, playbook: str = "loss-spike", status: str = "applied", actions: list | None = None) -> dict:
+def record(rid: str, t: float, playbook: str = "loss-spike", status: str = "applied",
+           actions: list | None = None) -> dict:
     return {"id": rid, "created_at": rfc3339(t), "playbook": playbook, "status": status, "actions": actions or []}
 
 

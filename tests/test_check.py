@@ -11,12 +11,14 @@ from trainmedic.service.app import create_app
 from trainmedic.service.cli import main
 from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, check, load
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SIGNING_KEY
+from trainmedic.client.wire.durations import HINT
 
-KNOWN = ("disk_cleanup, empty_cache, power_limit, reduce_batch_size, restore_power_limit, rollback_checkpoint, "
-         "save_checkpoint, scale_lr, set_lr, stop_training")
+KNOWN = ("disk_cleanup, drain_node, empty_cache, enable_gradient_accumulation, power_limit, reduce_batch_size, "
+         "reduce_dataloader_workers, restore_power_limit, resume_node, rollback_checkpoint, save_checkpoint, scale_lr, "
+         "set_lr, stop_training")
 FIELDS = ("name, matchers, target, actions, on_resolved, cooldown, max_runs, approval, approval_timeout, dry_run, "
-          "expire_after, description")
+          "expire_after, resolve_timeout, description")
 
 
 def pb(body: str, name: str = "p", target: str = "job", matchers: str = "['alertname=\"X\"']") -> str:
@@ -52,7 +54,7 @@ BROKEN = {
         [(6, "disk_cleanup: patterns: pattern '../*.pt' must name an entry, not a path")]),
     "bad cleanup duration": (
         pb("    actions:\n      - disk_cleanup: {older_than: 7days}\n", target="node"),
-        [(6, "disk_cleanup: older_than: '7days' is not a duration (use e.g. 30s, 10m, 24h, 7d)")]),
+        [(6, f"disk_cleanup: older_than: '7days' is not a duration ({HINT})")]),
     "node action in a job playbook": (
         pb("    actions:\n      - scale_lr: {factor: 0.5}\n      - power_limit: {fraction: 0.8}\n"),
         [(7, "action power_limit runs on a node, but this playbook targets a job")]),
@@ -72,10 +74,13 @@ BROKEN = {
         [(3, "matchers must be a non-empty list like - alertname=\"GPUTemperatureHigh\"")]),
     "bad cooldown": (
         pb("    actions: []\n    cooldown: 10 minutes\n"),
-        [(6, "cooldown: '10 minutes' is not a duration (use e.g. 30s, 10m, 24h, 7d)")]),
+        [(6, f"cooldown: '10 minutes' is not a duration ({HINT})")]),
+    "a duration too long": (
+        pb("    actions: []\n    cooldown: 10y\n"),
+        [(6, f"cooldown: '10y' is not a duration ({HINT})")]),
     "bad budget window": (
         pb("    actions: []\n    max_runs: {count: 3, per: forever}\n"),
-        [(6, "max_runs.per: 'forever' is not a duration (use e.g. 30s, 10m, 24h, 7d)")]),
+        [(6, f"max_runs.per: 'forever' is not a duration ({HINT})")]),
     "budget of zero": (
         pb("    actions: []\n    max_runs: {count: 0, per: 1h}\n"),
         [(6, "max_runs.count must be an integer >= 1")]),
@@ -166,8 +171,8 @@ def test_every_shipped_playbook_passes(capsys) -> None:
 def test_the_check_command_runs_as_a_console_script_and_exits_nonzero(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN["unknown action"][0])
-    bad = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "check", str(path)], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    bad = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "check", str(path)], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
     good = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "check", str(ROOT / "playbooks")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 1 and bad.stdout.startswith(f"{path}:6: unknown action 'explode'")
@@ -178,7 +183,7 @@ def test_the_service_refuses_to_start_with_invalid_playbooks(tmp_path: Path, red
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN["bad matcher syntax"][0])
     with pytest.raises(PlaybookError) as err:
-        create_app({"TESTING": True, "REDIS_URL": redis_url, "PLAYBOOKS": str(path)})
+        create_app({"TESTING": True, "redis_url": redis_url, "playbooks": str(path), "signing_key": SIGNING_KEY})
     assert len(err.value.problems) == 2
     assert str(err.value) == f"{path}:4: bad matcher 'severity==\"x\"': quote the value with double quotes (and 1 more)"
 
@@ -186,8 +191,9 @@ def test_the_service_refuses_to_start_with_invalid_playbooks(tmp_path: Path, red
 def test_trainmedic_serve_says_why_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN["node action in a job playbook"][0])
-    out = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "serve", "--playbooks", str(path), "--no-agent",
-                          "--port", "1", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "serve", "--playbooks", str(path),
+                          "--no-agent", "--port", "1", "--data-dir", str(tmp_path / "data")], capture_output=True,
+                         text=True,
                          timeout=60, cwd=ROOT)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [

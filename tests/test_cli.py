@@ -1,33 +1,38 @@
-"""The trainmedic command: serve, send, history and its one-line errors."""
+"""The trainmedic command: serve, send, history, approve, reject, --version, and their one-line errors."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import requests
 
 from trainmedic.client import RemediationClient
-from trainmedic.client.wire import keys
 from trainmedic.service.cli import main
 from trainmedic.service.embedded_redis import free_port
 
-from tests.conftest import ROOT
+from tests.conftest import OP_AUTH, OPERATOR, ROOT, write_playbooks
+from tests.support.jobs import wait_until
 
 CLI = [sys.executable, "-m", "trainmedic.service.cli"]
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, **(env or {})})
+                          env={**CLEAN_ENV, **(env or {})})
 
 
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode != 0
+def one_line_error(proc: subprocess.CompletedProcess, code: int | None = None) -> str:
+    assert proc.returncode != 0 and (code is None or proc.returncode == code), (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -35,32 +40,52 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_bad_flags_are_a_one_line_error() -> None:
-    assert "trainmedic" in one_line_error(run("serve", "--port", "x"))
-    assert one_line_error(run("frobnicate"))
+    assert "trainmedic" in one_line_error(run("serve", "--port", "x"), 2)
+    assert one_line_error(run("frobnicate"), 2)
 
 
-def test_send_needs_a_reachable_redis() -> None:
-    msg = one_line_error(run("send", "--job", "j", "scale_lr", "factor=0.5",
-                             env={"TRAINMEDIC_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}))
-    assert "cannot reach Redis" in msg
+def test_version_names_the_installed_distribution() -> None:
+    from importlib.metadata import version
+
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"trainmedic {version('trainmedic')}"
 
 
-def test_send_refuses_bad_parameters_and_names(redis_url) -> None:
-    env = {"TRAINMEDIC_REDIS_URL": redis_url}
-    assert "factor" in one_line_error(run("send", "--job", "j", "scale_lr", "factor=99", env=env))
-    assert "runs on a node" in one_line_error(run("send", "--job", "j", "power_limit", "watts=200", env=env))
-    assert "--job" in one_line_error(run("send", "--job", "../x", "scale_lr", "factor=0.5", env=env))
-    assert "KEY=VALUE" in one_line_error(run("send", "--job", "j", "scale_lr", "0.5", env=env))
+OP = {"TRAINMEDIC_OPERATOR_TOKEN": OPERATOR}
 
 
-def test_send_reaches_a_training_client_and_waits_for_its_ack(r, redis_url, capsys) -> None:
+@pytest.mark.parametrize("argv, words", [
+    (["scael_lr", "factor=0.5"], "unknown action 'scael_lr': did you mean scale_lr?"),
+    (["scale_lr", "factor=99"], "factor must be <= 10, not 99"),
+    (["set_lr", "lr=nan"], "'nan' is not a finite number"),
+    (["set_lr", "lr=1e999"], "'1e999' is not a finite number"),
+    (["scale_lr", "factor=[1, 2]"], "factor must be a number"),
+    (["power_limit", "watts=200"], "power_limit runs on a node agent, not in a training job"),
+    (["scale_lr", "0.5"], "parameter '0.5' must be KEY=VALUE"),
+])
+def test_send_validates_the_action_and_its_params_like_check_before_anything_goes_out(argv: list, words: str) -> None:
+    # Nothing listens at this URL: a refusal here happened before any request was made.
+    msg = one_line_error(run("send", "--job", "j", "--url", f"http://127.0.0.1:{free_port()}", *argv, env=OP), 2)
+    assert words in msg
+    assert "--job" in one_line_error(run("send", "--job", "../x", "scale_lr", "factor=0.5", env=OP), 2)
+
+
+def test_send_says_when_the_service_is_unreachable_or_no_token_is_set() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert "cannot reach" in one_line_error(run("send", "--job", "j", "--url", url, "scale_lr", "factor=0.5",
+                                                env=OP), 1)
+    assert "TRAINMEDIC_OPERATOR_TOKEN" in one_line_error(run("send", "--job", "j", "--url", url, "scale_lr",
+                                                             "factor=0.5"), 1)
+
+
+def test_send_goes_through_the_service_and_waits_for_the_ack(gunicorn: Any, redis_url: str) -> None:
     import torch
 
-    model = torch.nn.Linear(2, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.2)
-    with RemediationClient(job="cli-job", redis_url=redis_url, optimizer=opt) as rc:
-        proc = subprocess.Popen([*CLI, "send", "--job", "cli-job", "--redis-url", redis_url, "--wait", "20",
-                                 "set_lr", "lr=0.05"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    server = gunicorn(workers=1)
+    opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.2)
+    with RemediationClient(job="cli-job", redis_url=redis_url, optimizer=opt, heartbeat_interval=0.2) as rc:
+        proc = subprocess.Popen([*CLI, "send", "--job", "cli-job", "--url", server.url, "--wait", "20", "set_lr",
+                                 "lr=0.05"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**CLEAN_ENV, **OP})
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:
             rc.poll()
@@ -70,13 +95,36 @@ def test_send_reaches_a_training_client_and_waits_for_its_ack(r, redis_url, caps
     assert opt.param_groups[0]["lr"] == 0.05
     record = json.loads(out[out.index("{"):])
     assert record["status"] == "applied" and record["actions"][0]["result"]["old_lr"] == [0.2]
+    assert record["requested_by"] == "operator" and record["playbook"] == "manual"
+
+
+def test_send_explains_a_timeout_in_one_line(gunicorn: Any) -> None:
+    server = gunicorn(workers=1)
+    out = run("send", "--job", "nobody-runs-this", "--url", server.url, "--wait", "1", "scale_lr", "factor=0.5",
+              env=OP)
+    msg = one_line_error(out, 1)
+    assert msg.startswith("trainmedic: scale_lr was not applied within 1s: no live target")
+
+
+def test_approve_and_reject_decide_held_records_with_a_comment(gunicorn: Any, tmp_path: Path) -> None:
+    path = write_playbooks(tmp_path / "held.yaml", "playbooks:\n  - name: held\n    matchers: ['alertname=\"Held\"']\n"
+                           "    target: job\n    approval: true\n    actions: [{scale_lr: {factor: 0.5}}]\n")
+    server = gunicorn(workers=1, TRAINMEDIC_PLAYBOOKS=str(path))
+    ids = [requests.post(f"{server.url}/remediations", json={"playbook": "held", "labels": {"job_name": f"j{i}"}},
+                         headers=OP_AUTH, timeout=5).json()["id"] for i in range(2)]
+    out = run("approve", ids[0], "--url", server.url, "--comment", "looks right", env=OP)
+    assert out.returncode == 0 and out.stdout.strip() == f"remediation {ids[0]}: dispatched", out.stderr
+    out = run("reject", ids[1], "--url", server.url, env=OP)
+    assert out.returncode == 0 and out.stdout.strip() == f"remediation {ids[1]}: skipped (rejected)", out.stderr
+    approved = requests.get(f"{server.url}/remediations/{ids[0]}", timeout=5).json()
+    assert (approved["approved_by"], approved["approval_comment"]) == ("operator", "looks right")
+    assert "is dispatched, not pending approval" in one_line_error(run("reject", ids[0], "--url", server.url,
+                                                                       env=OP), 2)
 
 
 def test_serve_refuses_a_public_address_without_a_token() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
-    proc = subprocess.run([*CLI, "serve", "--host", "0.0.0.0", "--no-agent"], capture_output=True, text=True,
-                          timeout=30, cwd=ROOT, env=env)
-    assert "without a token" in one_line_error(proc)
+    proc = run("serve", "--host", "0.0.0.0", "--no-agent", timeout=30)
+    assert "without a webhook token" in one_line_error(proc, 1)
 
 
 def test_serve_refuses_invalid_playbooks_in_one_line(tmp_path: Path) -> None:
@@ -87,52 +135,136 @@ def test_serve_refuses_invalid_playbooks_in_one_line(tmp_path: Path) -> None:
     assert f"{bad}:6: unknown action 'explode'" in msg
 
 
-def test_serve_runs_gunicorn_on_an_embedded_redis_and_stops_everything(tmp_path: Path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
-    proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--workers", "2", "--no-agent",
-                             "--data-dir", str(tmp_path / "data")], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+def test_a_port_in_use_is_one_sentence(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        msg = one_line_error(run("serve", "--no-agent", "--port", str(port), "--data-dir", str(tmp_path / "d")), 1)
+        assert msg == (f"trainmedic: port {port} on 127.0.0.1 is in use: stop what listens there, or choose "
+                       "another with --port")
+        msg = one_line_error(run("serve", "--no-agent", "--port", str(free_port()), "--redis-port", str(port),
+                                 "--data-dir", str(tmp_path / "d")), 1)
+        assert msg == (f"trainmedic: cannot start the embedded Redis: port {port} on 127.0.0.1 is in use "
+                       "(another trainmedic serve, or another Redis?); stop it or choose another port")
+
+
+def _serve(tmp_path: Path, port: int, redis_port: int) -> tuple[subprocess.Popen, str]:
+    """`trainmedic serve` until it answers; the process and what it printed so far."""
+    proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--redis-port", str(redis_port), "--workers", "2",
+                             "--no-agent", "--data-dir", str(tmp_path / "data")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CLEAN_ENV)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not any("max_alerts: 0" in line for line in lines):  # the last line of what it prints at start
+        line = proc.stdout.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    wait_until(lambda: _ready(port), timeout=40, what="serve to answer")
+    return proc, "".join(lines)
+
+
+def _ready(port: int) -> bool:
     try:
-        deadline = time.monotonic() + 40
-        while True:
-            assert time.monotonic() < deadline and proc.poll() is None, "serve did not come up"
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                time.sleep(0.2)
-        resp = requests.post(f"http://127.0.0.1:{port}/remediations", json={"playbook": "loss-spike",
-                             "labels": {"job_name": "j"}}, timeout=5)
-        assert resp.status_code == 201  # loopback, no token: writes allowed
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=30)[0]
+        return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).ok
+    except requests.RequestException:
+        return False
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=30)[0]
     assert proc.returncode == 0, out
-    assert "receivers:" in out and f"/webhook" in out
+    return out
+
+
+def _exported(out: str, name: str) -> str:
+    [line] = [x for x in out.splitlines() if x.startswith(f"export {name}=")]
+    return line.split("=", 1)[1].strip("'")
+
+
+def test_serve_prints_a_redis_url_that_stays_the_same_across_restarts(tmp_path: Path) -> None:
+    port, redis_port = free_port(), free_port()
+    proc, out = _serve(tmp_path, port, redis_port)
+    assert "receivers:" in out and f"url: http://127.0.0.1:{port}/webhook" in out
+    try:
+        url, verify, token = (_exported(out, n) for n in ("TRAINMEDIC_REDIS_URL", "TRAINMEDIC_VERIFY_KEY",
+                                                          "TRAINMEDIC_OPERATOR_TOKEN"))
+        assert url.startswith("redis://:") and url.endswith(f"@127.0.0.1:{redis_port}/0")
+        # The password, token and signing key were made once into the data dir, readable by its owner only.
+        for name in ("redis/password", "operator.token", "signing.key"):
+            mode = stat.S_IMODE((tmp_path / "data" / name).stat().st_mode)
+            assert mode == 0o600, (name, oct(mode))
+        assert (tmp_path / "data" / "operator.token").read_text().strip() == token
+        import redis
+
+        assert redis.Redis.from_url(url).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=redis_port).ping()
+        # People's writes need the operator token: no loopback exception.
+        trigger = {"playbook": "loss-spike", "labels": {"job_name": "j"}}
+        assert requests.post(f"http://127.0.0.1:{port}/remediations", json=trigger, timeout=5).status_code == 401
+        made = requests.post(f"http://127.0.0.1:{port}/remediations", json=trigger, timeout=5,
+                             headers={"Authorization": f"Bearer {token}"})
+        assert made.status_code == 201
+    finally:
+        _stop(proc)
     assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()  # AOF persistence on
+    proc, again = _serve(tmp_path, port, redis_port)
+    try:
+        assert [_exported(again, n) for n in ("TRAINMEDIC_REDIS_URL", "TRAINMEDIC_VERIFY_KEY",
+                                              "TRAINMEDIC_OPERATOR_TOKEN")] == [url, verify, token]
+        rid = made.json()["id"]
+        assert requests.get(f"http://127.0.0.1:{port}/remediations/{rid}", timeout=5).status_code == 200  # kept
+    finally:
+        _stop(proc)
     # Nothing it started is left: the embedded redis-server (its --dir is under tmp_path) and gunicorn.
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).returncode == 1
-    import socket
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
 
 
-def test_history_prints_records(gunicorn, r) -> None:
+def _trigger(url: str, job: str) -> str:
+    resp = requests.post(url + "/remediations", json={"playbook": "loss-spike", "labels": {"job_name": job}},
+                         headers=OP_AUTH, timeout=5)
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["id"])
+
+
+def test_history_prints_records_newest_first(gunicorn: Any) -> None:
     server = gunicorn(workers=1)
-    requests.post(server.url + "/remediations", json={"playbook": "loss-spike", "labels": {"job_name": "j1"}},
-                  headers={"Authorization": "Bearer s3cret-token"}, timeout=5)
+    for job in ("j1", "j2"):
+        _trigger(server.url, job)
     proc = run("history", "--url", server.url, "--limit", "5")
-    assert proc.returncode == 0 and "loss-spike" in proc.stdout and "job:j1" in proc.stdout
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and "job:j2" in lines[0] and "job:j1" in lines[1] and "loss-spike" in lines[0]
     as_json = run("history", "--url", server.url, "--json")
-    assert json.loads(as_json.stdout.splitlines()[0])["playbook"] == "loss-spike"
+    assert [json.loads(x)["target"]["name"] for x in as_json.stdout.splitlines()] == ["j2", "j1"]
+
+
+def test_history_follow_prints_only_records_newer_than_those_shown(gunicorn: Any) -> None:
+    server = gunicorn(workers=1)
+    old = [_trigger(server.url, f"old-{i}") for i in range(3)]
+    proc = subprocess.Popen([*CLI, "history", "--url", server.url, "--limit", "1", "--follow", "--json"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=CLEAN_ENV)
+    assert proc.stdout is not None
+    try:
+        first = json.loads(proc.stdout.readline())
+        new = [_trigger(server.url, f"new-{i}") for i in range(2)]
+        shown = [json.loads(proc.stdout.readline())["id"] for _ in new]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert first["id"] == old[-1]
+    assert shown == new  # in the order they were made, and none of the older ones again
 
 
 def test_history_against_nothing_is_a_one_line_error() -> None:
-    assert "cannot reach" in one_line_error(run("history", "--url", f"http://127.0.0.1:{free_port()}"))
+    assert "cannot reach" in one_line_error(run("history", "--url", f"http://127.0.0.1:{free_port()}"), 1)
 
 
-def test_check_accepts_the_shipped_playbooks(capsys) -> None:
+def test_check_accepts_the_shipped_playbooks(capsys: Any) -> None:
     assert main(["check", str(ROOT / "playbooks")]) == 0
     assert capsys.readouterr().out.startswith("ok: 5 playbooks")

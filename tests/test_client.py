@@ -8,47 +8,20 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import redis
-import torch
 
+from trainmedic.client.wire import records
 from trainmedic.client import RemediationClient
 from trainmedic.client.wire import keys
 from trainmedic.client.receiver.mailbox import Mailbox
-from tests.support.jobs import job_app, mailbox_entries, send, trigger, wait_record, wait_until
+from tests.support.jobs import inject, job_app, mailbox_entries, send, trigger, wait_record, wait_until
+from tests.support.loop import Loop
 
 JOB = "llama-ft-01"
-
-
-class Loop:
-    """A real (tiny) training loop: SGD with a StepLR schedule, polling the client every step."""
-
-    def __init__(self, redis_url: str, job: str = JOB, optimizer: bool = True, **kw: Any):
-        self.param = torch.nn.Parameter(torch.ones(3))
-        self.opt = torch.optim.SGD([self.param], lr=0.1)
-        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1000, gamma=0.5)
-        kw.setdefault("heartbeat_interval", 0.2)
-        kw.setdefault("max_backoff", 0.3)
-        self.rc = RemediationClient(job=job, redis_url=redis_url, optimizer=self.opt if optimizer else None,
-                                    scheduler=self.sched if optimizer else None, **kw)
-        self.t = 0
-        self.acks: list = []
-
-    def tick(self) -> None:
-        loss = (self.param ** 2).sum()
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad()
-        self.sched.step()
-        self.t += 1
-        self.acks += self.rc.poll(step=self.t)
-        time.sleep(0.002)
-
-    @property
-    def lr(self) -> float:
-        return self.opt.param_groups[0]["lr"]
 
 
 @pytest.fixture
@@ -56,7 +29,7 @@ def loops(redis_url: str) -> Iterator[Any]:
     made: list[Loop] = []
 
     def make(**kw: Any) -> Loop:
-        loop = Loop(redis_url, **kw)
+        loop = Loop(redis_url, kw.pop("job", JOB), **kw)
         made.append(loop)
         return loop
     yield make
@@ -113,7 +86,8 @@ def test_an_action_without_handler_is_unsupported_and_the_rest_still_runs(r: red
     done = wait_record(r, rec["id"], tick=loop.tick)
     assert [a["status"] for a in done["actions"]] == ["unsupported", "applied"]
     assert done["status"] == "partially_applied"
-    assert "rollback_checkpoint" in done["actions"][0]["result"]["reason"]
+    assert done["actions"][0]["reason"] == "unsupported"
+    assert "rollback_checkpoint" in done["actions"][0]["result"]["message"]
 
 
 def test_a_handler_that_raises_fails_its_action_and_training_goes_on(r: redis.Redis, jobs_http: Any,
@@ -137,18 +111,19 @@ def test_a_handler_that_raises_fails_its_action_and_training_goes_on(r: redis.Re
 
 def test_an_unknown_action_is_acked_unsupported(r: redis.Redis, loops: Any) -> None:
     loop = loops()
-    rid = send(r, JOB, "do_a_barrel_roll", {"speed": 3})
+    rid = inject(r, keys.Target("job", JOB), [("do_a_barrel_roll", {"speed": 3})])
     done = wait_record(r, rid, tick=loop.tick)
     assert done["actions"][0]["status"] == "unsupported"
+    assert done["actions"][0]["result"]["message"] == "Unknown action 'do_a_barrel_roll'."
     assert done["status"] == "failed"
 
 
 def test_bad_params_fail_the_action_with_the_reason(r: redis.Redis, loops: Any) -> None:
     loop = loops()
-    rid = send(r, JOB, "scale_lr", {"factor": 50})
+    rid = inject(r, keys.Target("job", JOB), [("scale_lr", {"factor": 50})])
     done = wait_record(r, rid, tick=loop.tick)
-    assert done["actions"][0]["status"] == "failed"
-    assert "factor" in done["actions"][0]["result"]["error"]
+    assert (done["actions"][0]["status"], done["actions"][0]["reason"]) == ("failed", "bad_params")
+    assert done["actions"][0]["result"]["error"] == "Bad parameters for scale_lr: factor must be <= 10, not 50."
     assert loop.lr == pytest.approx(0.1)
 
 
@@ -157,7 +132,7 @@ def test_scale_lr_without_an_optimizer_is_unsupported(r: redis.Redis, loops: Any
     rid = send(r, JOB, "scale_lr", {"factor": 0.5})
     done = wait_record(r, rid, tick=loop.tick)
     assert done["actions"][0]["status"] == "unsupported"
-    assert "optimizer" in done["actions"][0]["result"]["reason"]
+    assert done["actions"][0]["result"]["message"] == "No optimizer was given to RemediationClient."
 
 
 def test_set_lr_sets_it_and_the_ack_has_both_values(r: redis.Redis, loops: Any) -> None:
@@ -228,21 +203,22 @@ def test_a_restarted_trainer_does_not_repeat_what_it_applied(r: redis.Redis, job
     assert calls == ["before", "after"]
 
 
-def test_a_command_received_but_not_applied_before_close_is_acked_skipped_not_replayed(
+def test_a_command_received_but_not_applied_before_close_goes_to_the_next_process_once(
         r: redis.Redis, jobs_http: Any, loops: Any) -> None:
     first = loops()
     rec = trigger(jobs_http, "halve-lr", JOB)
-    wait_until(lambda: first.rc._inbox.ready, what="the command received")  # received (and claimed) in the background, not applied: no poll yet
+    # Received (and claimed) in the background, not applied: no poll yet.
+    wait_until(lambda: first.rc._inbox.ready, what="the command received")
     first.rc.close()
-    done = wait_record(r, rec["id"])
-    assert done["actions"][0]["status"] == "skipped"
     assert first.lr == pytest.approx(0.1)
+    assert records.get(r, rec["id"])["actions"][0]["status"] == "pending"  # handed back, not dropped
 
     second = loops()
+    done = wait_record(r, rec["id"], tick=second.tick)
+    assert done["actions"][0]["status"] == "applied" and second.lr == pytest.approx(0.05)
     for _ in range(100):
         second.tick()
-    assert second.lr == pytest.approx(0.1)
-    assert second.acks == []
+    assert second.lr == pytest.approx(0.05) and len(second.acks) == 1
 
 
 def _network_calls(fn: Any) -> list[str]:
@@ -312,6 +288,8 @@ def test_the_heartbeat_shows_the_job_on_get_targets(r: redis.Redis, jobs_http: A
 def test_poll_never_raises_even_when_applying_blows_up(loops: Any, caplog: Any) -> None:
     loop = loops(start=False)
     loop.rc.optimizer = object()  # not an optimizer at all: scale_lr fails inside
+    import collections
+
     from trainmedic.client.receiver.mailbox import Entry
     from trainmedic.client.wire.protocol import ActionCall, Command
 
@@ -335,3 +313,98 @@ def test_the_job_and_url_come_from_the_environment(redis_url: str, monkeypatch: 
     monkeypatch.setenv("TRAINMEDIC_REDIS_URL", redis_url)
     with RemediationClient(start=False) as rc:
         assert rc.job == "from-env" and rc.url == redis_url
+
+
+def test_poll_from_two_threads_applies_every_command_exactly_once(r: redis.Redis, loops: Any) -> None:
+    import threading
+
+    loop = loops()
+    done: list[str] = []
+    loop.rc.register("save_checkpoint", lambda params: done.append("saved") or {"ok": True})
+    ids = [send(r, JOB, "save_checkpoint") for _ in range(200)]
+    stop = threading.Event()
+
+    def poll_forever() -> None:
+        while not stop.is_set():
+            loop.rc.poll()
+
+    threads = [threading.Thread(target=poll_forever) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: all(records.get(r, rid)["status"] == "applied" for rid in ids), timeout=30,
+                   what="every command applied")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+    assert len(done) == 200
+
+
+def test_a_handler_that_raises_system_exit_acks_failed_stops_the_loop_and_loses_nothing_behind_it(
+        r: redis.Redis, loops: Any) -> None:
+    first = loops()
+    first.rc.register("stop_training", lambda params: (_ for _ in ()).throw(SystemExit(3)))
+    stop = send(r, JOB, "stop_training")
+    behind = send(r, JOB, "scale_lr", {"factor": 0.5})
+    # Both received before the loop's next poll: the stop first, the LR change queued behind it.
+    wait_until(lambda: len(first.rc._inbox.ready) == 2, what="both commands received")
+    with pytest.raises(SystemExit) as exited:
+        first.tick()
+    assert exited.value.code == 3  # the user's own stop still works
+    first.rc.close()
+    rec = wait_record(r, stop, until=lambda x: x is not None and x["status"] == "failed")
+    assert rec["actions"][0]["result"]["error"] == "The handler stopped the process (SystemExit)."
+    assert first.lr == pytest.approx(0.1)
+    second = loops()  # the next process of the job gets the command that was behind the stop
+    done = wait_record(r, behind, tick=second.tick)
+    assert done["status"] == "applied" and second.lr == pytest.approx(0.05)
+
+
+def test_poll_from_two_threads_drops_nothing_from_a_queue_of_a_hundred_thousand(redis_url: str) -> None:
+    import threading
+
+    import collections
+
+    from trainmedic.client.receiver.mailbox import Entry
+    from trainmedic.client.wire.protocol import ActionCall, Command
+
+    rc = RemediationClient(job=JOB, redis_url=redis_url, start=False)  # no threads: only the hot path
+    count, lock = [0], threading.Lock()
+
+    def handler(params: dict) -> dict:
+        with lock:
+            count[0] += 1
+        return {}
+
+    rc.register("save_checkpoint", handler)
+
+    class Yielding(collections.deque):  # type: ignore[type-arg]
+        """The ready queue, yielding the GIL between "is there anything?" and popleft(): the race, every time."""
+
+        def __bool__(self) -> bool:
+            answer = len(self) > 0
+            time.sleep(0)  # another thread may take the last item before this answer is acted on
+            return answer
+
+    rc._ready = Yielding()
+    far = time.time() + 3600
+    done = threading.Event()
+
+    def receive() -> None:  # as the receiver thread does: one command at a time, while the loop polls
+        for i in range(100_000):
+            cmd = Command(f"{i:026d}~job~{JOB}", "job", JOB, (ActionCall(0, "save_checkpoint"),), 0.0, far)
+            rc._ready.append(Entry(f"{i}-0", cmd))
+        done.set()
+
+    def loop() -> None:
+        while not (done.is_set() and not rc._ready):
+            rc.poll()
+
+    threads = [threading.Thread(target=f) for f in (receive, loop, loop)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert count[0] == 100_000 and not rc._ready
+    rc._inbox = None  # never started: nothing to close

@@ -7,53 +7,19 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import redis
-import torch
 
-from trainmedic.client import RemediationClient
 from trainmedic.client.wire import keys
 from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
-from tests.support.jobs import send, trigger, job_app, wait_record, wait_until
+from tests.support.jobs import inject, send, trigger, job_app, wait_record, wait_until
+from tests.support.loop import Loop
 
 JOB = "fragile-job"
 POLL_BOUND = 0.05  # a poll that touched the network would wait for a timeout (>= 0.5 s here)
-
-
-class Loop:
-    """A real training loop that records how long each poll took and whether anything escaped it."""
-
-    def __init__(self, url: str, **kw: Any):
-        self.param = torch.nn.Parameter(torch.ones(3))
-        self.opt = torch.optim.SGD([self.param], lr=0.1)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda e: 1.0)
-        kw = {"heartbeat_interval": 0.2, "max_backoff": 0.3, "redis_timeout": 0.5, **kw}
-        self.rc = RemediationClient(job=JOB, redis_url=url, optimizer=self.opt, scheduler=self.sched, **kw)
-        self.t = 0
-        self.slowest = 0.0
-        self.acks: list = []
-
-    def tick(self) -> None:
-        (self.param ** 2).sum().backward()
-        self.opt.step()
-        self.opt.zero_grad()
-        self.sched.step()
-        self.t += 1
-        t0 = time.perf_counter()
-        self.acks += self.rc.poll(step=self.t)  # an exception here fails the test: nothing may escape
-        self.slowest = max(self.slowest, time.perf_counter() - t0)
-        time.sleep(0.002)
-
-    def run_for(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.tick()
-
-    @property
-    def lr(self) -> float:
-        return self.opt.param_groups[0]["lr"]
 
 
 @pytest.fixture
@@ -70,7 +36,7 @@ def loops() -> Iterator[Any]:
     made: list[Loop] = []
 
     def make(url: str, **kw: Any) -> Loop:
-        made.append(Loop(url, **kw))
+        made.append(Loop(url, JOB, **kw))
         return made[-1]
     yield make
     for loop in made:
@@ -108,7 +74,7 @@ def test_redis_killed_and_restarted_mid_run(own_redis: EmbeddedRedis, loops: Any
     app_r = redis.Redis.from_url(own_redis.url, decode_responses=True)
     with caplog.at_level(logging.INFO, logger="trainmedic"):
         # The service, on this test's own Redis.
-        http = job_app(lambda **kw: make_app(**{**kw, "REDIS_URL": own_redis.url}), tmp_path).test_client()
+        http = job_app(lambda **kw: make_app(**{**kw, "redis_url": own_redis.url}), tmp_path).test_client()
         loop = loops(own_redis.url)
         first = trigger(http, "halve-lr", JOB)
         wait_record(app_r, first["id"], tick=loop.tick)
@@ -232,7 +198,7 @@ def test_a_bad_command_and_a_raising_handler_cost_one_warning_each_and_training_
     with caplog.at_level(logging.WARNING, logger="trainmedic"):
         r.xadd(keys.mailbox(keys.Target("job", JOB)), {"c": "\x00garbage"})
         broken = send(r, JOB, "rollback_checkpoint")
-        unknown = send(r, JOB, "teleport")
+        unknown = inject(r, keys.Target("job", JOB), [("teleport", {})])
         ok = send(r, JOB, "scale_lr", {"factor": 0.5})
         wait_record(r, ok, tick=loop.tick)
         loop.run_for(0.5)
@@ -255,4 +221,6 @@ def test_commands_sent_while_the_trainer_was_away_apply_once_and_expired_ones_ar
     assert wait_record(r, stale, tick=loop.tick)["actions"][0]["status"] == "expired"
     loop.run_for(0.3)
     assert loop.lr == pytest.approx(0.05)
-    assert sorted(a.status for a in loop.acks) == ["applied", "expired"]
+    # The stale one ended expired in the same atomic step as the claim: the trainer never had it to apply.
+    assert [a.status for a in loop.acks] == ["applied"]
+    assert wait_record(r, stale)["actions"][0]["result"]["message"] == "The command expired before anyone applied it."

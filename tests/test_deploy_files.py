@@ -25,7 +25,7 @@ import yaml
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.actions import DEFAULT_CHECKPOINT_PATTERNS
 from trainmedic.client.wire.protocol import Command
-from trainmedic.service.cli import _parser as cli_parser
+from trainmedic.service.cli import parser as cli_parser
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service.rules.playbooks import SHIPPED, load
 from tests.conftest import ROOT, post_json

@@ -1,4 +1,5 @@
-"""disk_cleanup on real temporary trees: keep-newest, age, patterns, byte cap, links, `..`, files being written."""
+"""disk_cleanup on real temporary trees: keep-newest, age, patterns, protect, byte cap, links, `..`, files being
+written, and allow-roots pinned at start."""
 from __future__ import annotations
 
 import os
@@ -11,10 +12,10 @@ import pytest
 
 from trainmedic.client.wire.actions import CATALOGUE, DiskCleanup, ParamError
 from trainmedic.client.agent import disk
-from trainmedic.client.receiver.outcome import ActionFailed
+from trainmedic.client.receiver.applier import ActionFailed
 
 from tests.conftest import post_json
-from tests.support.nvml import agents, wait_record
+from tests.support.nvml import wait_record
 
 DAY = 86400.0
 
@@ -29,10 +30,12 @@ def put(path: Path, size: int = 1000, age: float = 10 * DAY) -> Path:
     return path
 
 
-def ckpt_dir(path: Path, size: int = 1000, age: float = 10 * DAY) -> Path:
-    """A Hugging Face style checkpoint folder (two files) last modified `age` seconds ago."""
+def ckpt_dir(path: Path, size: int = 1000, age: float = 10 * DAY, protected: str | None = None) -> Path:
+    """A checkpoint folder (weights and optimizer state, plus a protected file if named) last modified `age` ago."""
     put(path / "model.safetensors", size - 100, age)
-    put(path / "trainer_state.json", 100, age)
+    put(path / "optimizer.pt", 100, age)
+    if protected:
+        put(path / protected, 50, age)
     now = time.time()
     os.utime(path, (now - age, now - age))
     return path
@@ -42,13 +45,23 @@ def params(**kw: Any) -> DiskCleanup:
     return CATALOGUE["disk_cleanup"].parse(kw)
 
 
+def clean(roots: list[Path], p: DiskCleanup, **kw: Any) -> dict:
+    """What the agent does: pin the allow-roots (at its start), then clean below them."""
+    pinned = disk.pin_roots(roots)
+    try:
+        return disk.cleanup(pinned, p, **kw)
+    finally:
+        for root in pinned:
+            os.close(root.fd)
+
+
 def test_it_keeps_the_newest_keep_last_of_each_run_and_deletes_the_rest(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     for i, step in enumerate((100, 200, 300, 400, 500)):
         ckpt_dir(root / "llama" / f"checkpoint-{step}", 1000, age=(20 - i) * DAY)
     put(root / "bert" / "epoch=1-step=10.ckpt", 500, 30 * DAY)
     put(root / "bert" / "epoch=2-step=20.ckpt", 500, 29 * DAY)
-    res = disk.cleanup([root], params(keep_last=3, older_than="7d"))
+    res = clean([root], params(keep_last=3, older_than="7d"))
     assert sorted(res["deleted"]) == [str(root / "llama" / "checkpoint-100"), str(root / "llama" / "checkpoint-200")]
     assert res["bytes_freed"] == 2000 and res["deleted_count"] == 2
     assert sorted(p.name for p in (root / "llama").iterdir()) == ["checkpoint-300", "checkpoint-400", "checkpoint-500"]
@@ -60,7 +73,7 @@ def test_newest_means_last_modified_not_highest_name(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     put(root / "a" / "ckpt-9.pt", age=8 * DAY)
     put(root / "a" / "ckpt-10.pt", age=9 * DAY)  # older though its number is higher
-    res = disk.cleanup([root], params(keep_last=1, older_than="1d"))
+    res = clean([root], params(keep_last=1, older_than="1d"))
     assert res["deleted"] == [str(root / "a" / "ckpt-10.pt")]
 
 
@@ -68,7 +81,7 @@ def test_only_entries_older_than_older_than_go(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     for age in (1, 2, 3, 8, 9):
         put(root / "r" / f"ckpt-{age}d.pt", age=age * DAY)
-    res = disk.cleanup([root], params(keep_last=0, older_than="7d"))
+    res = clean([root], params(keep_last=0, older_than="7d"))
     assert sorted(Path(p).name for p in res["deleted"]) == ["ckpt-8d.pt", "ckpt-9d.pt"]
     assert sorted(p.name for p in (root / "r").iterdir()) == ["ckpt-1d.pt", "ckpt-2d.pt", "ckpt-3d.pt"]
 
@@ -77,11 +90,11 @@ def test_only_entries_matching_the_patterns_go(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     keep = [put(root / "r" / n) for n in ("notes.txt", "data.bin", "config.json", "events.out.tfevents.1")]
     gone = [put(root / "r" / n) for n in ("model.pt", "opt.pth", "last.ckpt", "checkpoint_7", "global_step40")]
-    res = disk.cleanup([root], params(keep_last=0, older_than="1d"))
+    res = clean([root], params(keep_last=0, older_than="1d"))
     assert sorted(res["deleted"]) == sorted(map(str, gone))
     assert all(p.exists() for p in keep) and not any(p.exists() for p in gone)
 
-    res = disk.cleanup([root], params(keep_last=0, older_than="1d", patterns=["*.bin"]))
+    res = clean([root], params(keep_last=0, older_than="1d", patterns=["*.bin"]))
     assert res["deleted"] == [str(root / "r" / "data.bin")]
 
 
@@ -90,7 +103,7 @@ def test_a_checkpoint_folder_is_one_entry_and_never_searched_inside(tmp_path: Pa
     ckpt_dir(root / "r" / "checkpoint-1", age=9 * DAY)
     put(root / "r" / "checkpoint-2" / "inner.pt", age=9 * DAY)
     put(root / "r" / "checkpoint-2" / "nested" / "deep.pt", age=9 * DAY)
-    res = disk.cleanup([root], params(keep_last=1, older_than="1d"))
+    res = clean([root], params(keep_last=1, older_than="1d"))
     assert res["deleted_count"] == 1 and res["kept"] == 1
     assert len(list((root / "r").iterdir())) == 1
 
@@ -99,7 +112,7 @@ def test_the_byte_cap_deletes_oldest_first_and_never_more_than_max_bytes(tmp_pat
     root = tmp_path / "runs"
     for i in range(6):
         put(root / "r" / f"ckpt-{i}.pt", 1000, age=(30 - i) * DAY)
-    res = disk.cleanup([root], params(keep_last=0, older_than="1d", max_bytes=2500))
+    res = clean([root], params(keep_last=0, older_than="1d", max_bytes=2500))
     assert [Path(p).name for p in res["deleted"]] == ["ckpt-0.pt", "ckpt-1.pt"]
     assert res["bytes_freed"] == 2000 <= 2500
     assert res["over_cap"] == 4
@@ -119,7 +132,7 @@ def test_a_link_to_outside_the_root_is_neither_followed_nor_its_target_deleted(t
     for p in (inner / "shared.pt", inner):
         os.utime(p, (time.time() - 90 * DAY, time.time() - 90 * DAY), follow_symlinks=False)
 
-    res = disk.cleanup([root], params(keep_last=0, older_than="1d"))
+    res = clean([root], params(keep_last=0, older_than="1d"))
 
     assert sorted(res["deleted"]) == [str(root / "r" / "checkpoint-1"), str(root / "r" / "real.pt")]
     assert res["bytes_freed"] == 1010  # the link inside counted nothing
@@ -142,7 +155,7 @@ def test_a_folder_swapped_for_a_link_after_the_scan_is_not_followed(tmp_path: Pa
 
     monkeypatch.setattr(disk, "_select", select_then_swap)
     with pytest.raises(ActionFailed, match="Nothing could be deleted"):
-        disk.cleanup([root], params(keep_last=0, older_than="1d"))
+        clean([root], params(keep_last=0, older_than="1d"))
     assert (outside / "run" / "checkpoint-1" / "model.safetensors").exists()
 
 
@@ -150,11 +163,11 @@ def test_dot_dot_in_an_allow_root_is_resolved_and_cannot_widen_it(tmp_path: Path
     root = tmp_path / "runs"
     put(root / "r" / "old.pt", age=9 * DAY)
     sibling = put(tmp_path / "other" / "old.pt", age=9 * DAY)
-    res = disk.cleanup([root / "r" / ".." / "r" / ".."], params(keep_last=0, older_than="1d"))
+    res = clean([root / "r" / ".." / "r" / ".."], params(keep_last=0, older_than="1d"))
     assert res["roots"] == [str(root.resolve())] and res["deleted"] == [str(root.resolve() / "r" / "old.pt")]
     assert sibling.exists()
     with pytest.raises(ValueError, match="anywhere on the host"):
-        disk.check_roots([tmp_path / ".." / ".." / ".." / ".." / ".." / ".." / ".." / ".."])
+        disk.pin_roots([tmp_path / ".." / ".." / ".." / ".." / ".." / ".." / ".." / ".."])
 
 
 @pytest.mark.parametrize("patterns", [["../*.pt"], [".."], ["r/*.pt"], ["/etc/*"], []])
@@ -169,7 +182,7 @@ def test_a_file_being_written_is_left_alone(tmp_path: Path) -> None:
     put(root / "r" / "writing.pt", age=5)
     folder = ckpt_dir(root / "r" / "checkpoint-9", age=9 * DAY)
     put(folder / "optimizer.pt.tmp", age=2)  # a save still in progress inside an old-looking folder
-    res = disk.cleanup([root], params(keep_last=0, older_than=0))
+    res = clean([root], params(keep_last=0, older_than=0))
     assert res["deleted"] == [str(root / "r" / "old.pt")]
     assert sorted(x["path"] for x in res["left_alone"]) == [str(folder), str(root / "r" / "writing.pt")]
     assert {x["reason"] for x in res["left_alone"]} == {"modified in the last minute"}
@@ -179,27 +192,33 @@ def test_a_file_being_written_is_left_alone(tmp_path: Path) -> None:
 def test_a_dry_run_lists_what_would_go_and_deletes_nothing(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     files = [put(root / "r" / f"ckpt-{i}.pt", 100, age=(20 - i) * DAY) for i in range(4)]
-    res = disk.cleanup([root], params(keep_last=1, older_than="1d"), dry_run=True)
+    res = clean([root], params(keep_last=1, older_than="1d"), dry_run=True)
     assert res["dry_run"] is True and res["deleted"] == [] and res["bytes_freed"] == 0
     assert sorted(res["would_delete"]) == sorted(map(str, files[:3])) and res["bytes_would_free"] == 300
     assert all(f.exists() for f in files)
 
 
-def test_an_allow_root_that_does_not_exist_is_a_clear_failure(tmp_path: Path) -> None:
+def test_an_allow_root_that_does_not_exist_is_refused_at_start_and_one_removed_later_fails(tmp_path: Path) -> None:
     put(tmp_path / "runs" / "old.pt", age=9 * DAY)
-    with pytest.raises(ActionFailed) as err:
-        disk.cleanup([tmp_path / "runs", tmp_path / "gone"], params())
-    assert err.value.reason == (f"The allow-root {tmp_path / 'gone'} does not exist or is not a folder; "
-                                "nothing was deleted.")
-    assert (tmp_path / "runs" / "old.pt").exists()
+    with pytest.raises(ValueError) as err:
+        disk.pin_roots([tmp_path / "runs", tmp_path / "gone"])
+    assert str(err.value) == f"--allow-root {tmp_path / 'gone'} does not exist or is not a folder"
     with pytest.raises(ActionFailed, match="without --allow-root"):
         disk.cleanup([], params())
+    later = tmp_path / "later"
+    later.mkdir()
+    pinned = disk.pin_roots([later])
+    later.rmdir()
+    with pytest.raises(ActionFailed) as failed:
+        disk.cleanup(pinned, params())
+    assert failed.value.message == f"The allow-root {later} was removed after the agent started; nothing was deleted."
+    assert (tmp_path / "runs" / "old.pt").exists()
 
 
 def test_nested_allow_roots_are_walked_once(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     put(root / "a" / "b" / "old.pt", 700, age=9 * DAY)
-    res = disk.cleanup([root, root / "a", root / "a" / "b"], params(keep_last=0, older_than="1d"))
+    res = clean([root, root / "a", root / "a" / "b"], params(keep_last=0, older_than="1d"))
     assert res["roots"] == [str(root)] and res["bytes_freed"] == 700
 
 
@@ -222,6 +241,7 @@ def run_tree(root: Path) -> list[Path]:
 def test_the_agent_cleans_its_allow_root_when_disk_space_is_low(agents, http, r, tmp_path: Path) -> None:
     root = tmp_path / "data" / "runs"
     ckpts = run_tree(root)
+    best = put(root / "llama" / "best.pt", 4000, age=25 * DAY)  # the shipped playbook's *.pt must not take it
     agents("gpu-node-7", allow_roots=[root]).wait_ready(r)
     resp = post_json(http, "/webhook", disk_alert("gpu-node-7", "d15c000000000001"))
     rec = wait_record(r, resp.get_json()["remediations"][0]["id"])
@@ -229,21 +249,106 @@ def test_the_agent_cleans_its_allow_root_when_disk_space_is_low(agents, http, r,
     assert rec["status"] == "applied", rec
     assert sorted(res["deleted"]) == sorted(map(str, ckpts[:2])) and res["bytes_freed"] == 4000
     assert [c.exists() for c in ckpts] == [False, False, True, True, True]
+    assert best.read_bytes() == b"x" * 4000 and res["protected"] == [str(best)]
 
 
-def test_a_dry_run_agent_only_lists_and_a_missing_root_fails(agents, http, r, tmp_path: Path) -> None:
+def test_a_dry_run_agent_only_lists_and_an_agent_with_a_missing_root_does_not_start(agents, http, r,
+                                                                                    tmp_path: Path) -> None:
     root = tmp_path / "runs"
     ckpts = run_tree(root)
     agents("gpu-node-8", allow_roots=[root], dry_run=True).wait_ready(r)
-    agents("gpu-node-9", allow_roots=[tmp_path / "not-there"]).wait_ready(r)
     dry = post_json(http, "/webhook", disk_alert("gpu-node-8", "d15c000000000002")).get_json()
-    missing = post_json(http, "/webhook", disk_alert("gpu-node-9", "d15c000000000003")).get_json()
     rec = wait_record(r, dry["remediations"][0]["id"])
     assert rec["status"] == "skipped"  # nothing done is not a failure
     act = rec["actions"][0]
-    assert act["status"] == "skipped" and sorted(act["result"]["would_delete"]) == sorted(map(str, ckpts[:2]))
+    assert act["status"] == "skipped" and act["reason"] == "dry_run"
+    assert sorted(act["result"]["would_delete"]) == sorted(map(str, ckpts[:2]))
     assert all(c.exists() for c in ckpts)
-    rec = wait_record(r, missing["remediations"][0]["id"])
-    assert rec["status"] == "failed"
-    assert rec["actions"][0]["result"]["reason"] == (
-        f"The allow-root {tmp_path / 'not-there'} does not exist or is not a folder; nothing was deleted.")
+    missing = agents("gpu-node-9", allow_roots=[tmp_path / "not-there"])
+    assert missing.proc.wait(20) == 1
+    assert missing.log().strip().splitlines() == [
+        f"trainmedic: --allow-root {tmp_path / 'not-there'} does not exist or is not a folder"]
+
+
+# -- protect: what people keep is never deleted (defaults best*, *final*, *.json, *.yaml, *.yml, *.md, *.txt)
+
+
+def test_best_and_final_checkpoints_survive_the_default_patterns(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    best = put(root / "r" / "best.pt", 300, age=25 * DAY)
+    final = put(root / "final" / "ckpt-1.pt", 300, age=25 * DAY)  # a component below the root matches *final*
+    old = [put(root / "r" / f"ckpt-{i}.pt", 100, age=(30 - i) * DAY) for i in range(5)]
+    res = clean([root], params(keep_last=0, older_than="7d"))
+    assert sorted(res["deleted"]) == sorted(map(str, old))
+    assert best.exists() and final.exists()
+    assert sorted(res["protected"]) == [str(root / "final"), str(best)]
+
+
+def test_a_checkpoint_folder_is_pruned_around_its_protected_files(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    hf = ckpt_dir(root / "r" / "checkpoint-100", 1000, age=20 * DAY, protected="trainer_state.json")
+    put(hf / "nested" / "config.json", 20, age=20 * DAY)
+    put(hf / "nested" / "shard.pt", 500, age=20 * DAY)
+    for folder in (hf / "nested", hf):  # making nested/ touched both folders
+        os.utime(folder, (time.time() - 20 * DAY, time.time() - 20 * DAY))
+    plain = ckpt_dir(root / "r" / "checkpoint-200", 1000, age=19 * DAY)
+    res = clean([root], params(keep_last=0, older_than="7d"))
+    assert sorted(res["deleted"]) == [str(hf), str(plain)]
+    assert res["bytes_freed"] == 1000 + 500 + 1000  # what went; the protected files counted nothing
+    assert sorted(str(p.relative_to(hf)) for p in hf.rglob("*")) == ["nested", "nested/config.json",
+                                                                     "trainer_state.json"]
+    assert not plain.exists()
+    assert sorted(res["protected"]) == [str(hf / "nested" / "config.json"), str(hf / "trainer_state.json")]
+
+
+def test_protect_extends_the_defaults(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    mine = put(root / "r" / "keep-this.pt", age=20 * DAY)
+    best = put(root / "r" / "best-so-far.pt", age=20 * DAY)
+    gone = put(root / "r" / "ckpt-1.pt", age=20 * DAY)
+    p = params(keep_last=0, older_than="7d", protect=["keep-*"])
+    assert p.protected[:7] == ("best*", "*final*", "*.json", "*.yaml", "*.yml", "*.md", "*.txt")
+    res = clean([root], p)
+    assert res["deleted"] == [str(gone)] and mine.exists() and best.exists()
+
+
+@pytest.mark.parametrize("protect", [["../x"], ["a/b"], [""], "best*"])
+def test_protect_names_entries_never_paths(protect: Any) -> None:
+    with pytest.raises(ParamError):
+        CATALOGUE["disk_cleanup"].parse({"protect": protect})
+
+
+# -- allow-roots are checked and pinned once, when the agent starts
+
+
+def test_an_allow_root_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    with pytest.raises(ValueError, match="is a link; name the folder itself"):
+        disk.pin_roots([tmp_path / "link"])
+
+
+def test_an_allow_root_below_a_folder_others_may_write_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    (shared / "runs").mkdir(parents=True)
+    shared.chmod(0o777)  # anyone may rename runs/ and put a link in its place
+    with pytest.raises(ValueError, match=f"{shared} is writable by other users"):
+        disk.pin_roots([shared / "runs"])
+    shared.chmod(0o1777)  # sticky, like /tmp: others may not rename what we own
+    [root] = disk.pin_roots([shared / "runs"])
+    os.close(root.fd)
+
+
+def test_a_root_swapped_for_a_link_after_the_start_changes_nothing(tmp_path: Path) -> None:
+    data, victim = tmp_path / "data", tmp_path / "victim"
+    old = put(data / "r" / "old.pt", age=20 * DAY)
+    precious = put(victim / "r" / "old.pt", age=20 * DAY)
+    pinned = disk.pin_roots([data])
+    data.rename(tmp_path / "moved")  # someone swaps the path for a link to another folder
+    data.symlink_to(victim, target_is_directory=True)
+    try:
+        res = disk.cleanup(pinned, params(keep_last=0, older_than="7d"))
+    finally:
+        os.close(pinned[0].fd)
+    assert res["deleted"] == [str(old)]  # reported by the path it had when pinned
+    assert precious.exists() and not (tmp_path / "moved" / "r" / "old.pt").exists()

@@ -6,16 +6,20 @@ import copy
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.protocol import Command
 from trainmedic.service.rules.alerts import parse_group
-from trainmedic.service.decide.dispatch import Dispatcher, Settings, new_record_id, plan
+from trainmedic.client.wire.signing import Signer
+from trainmedic.service.decide.dispatch import DispatchSettings, Dispatcher, new_record_id
+from trainmedic.service.decide.plan import plan
+from trainmedic.service.decide.reconciler import Reconciler, ReconcilerSettings
 from trainmedic.service.rules.playbooks import load
 
-from tests.conftest import ROOT, load_fixture
+from tests.conftest import ROOT, SIGNING_KEY, load_fixture
 
 JOB = keys.Target("job", "llama-ft-01")
 
 
 def run(r, body: dict, **settings):
-    return Dispatcher(r, Settings(**settings)).execute(plan(parse_group(body), load([ROOT / "playbooks"])))
+    dispatcher = Dispatcher(r, Signer.from_secret(SIGNING_KEY), DispatchSettings(**settings))
+    return dispatcher.execute(plan(parse_group(body), load([ROOT / "playbooks"])))
 
 
 def test_record_and_command_are_written_together(r) -> None:
@@ -63,18 +67,23 @@ def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
 
 
 def test_a_resolved_alert_never_seen_firing_does_nothing(r) -> None:
-    assert [o.status for o in run(r, load_fixture("resolved.json"))] == ["no_episode"]
+    assert [o.status for o in run(r, load_fixture("resolved.json"))] == ["stale"]
     assert r.zcard(keys.HISTORY) == 0
 
 
-def test_history_is_bounded_in_count(r) -> None:
+def test_history_past_its_count_is_deleted_not_only_unlisted(r) -> None:
     body = load_fixture("firing_single.json")
+    made = []
     for i in range(5):
         b = copy.deepcopy(body)
         b["alerts"][0]["fingerprint"] = f"{i:016x}"
         b["alerts"][0]["labels"]["job_name"] = f"j{i}"
-        run(r, b, history_max=3)
-    assert r.zcard(keys.HISTORY) == 3
+        made += [o.record_id for o in run(r, b)]
+    dispatcher = Dispatcher(r, Signer.from_secret(SIGNING_KEY), DispatchSettings())
+    report = Reconciler(r, dispatcher, [], ReconcilerSettings(history_max=3)).tick()
+    assert report.trimmed == 2
+    assert r.zrange(keys.HISTORY, 0, -1) == made[2:]
+    assert [bool(r.exists(keys.record(rid))) for rid in made] == [False, False, True, True, True]
 
 
 def test_record_ids_sort_in_creation_order_and_name_their_target() -> None:

@@ -43,7 +43,7 @@ class Ranks:
                 code = p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill()
-                raise AssertionError(f"rank {rank} did not finish: {self.log(rank)}")
+                raise AssertionError(f"rank {rank} did not finish: {self.log(rank)}") from None
             assert code == 0, f"rank {rank} exited {code}: {self.log(rank)}"
         return [json.loads((self.tmp / f"{self.name}-{rank}.json").read_text()) for rank in range(self.world)]
 

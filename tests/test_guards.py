@@ -12,8 +12,9 @@ import requests
 
 from trainmedic.client.wire import keys
 
-from tests.conftest import AUTH, write_playbooks
-from tests.support.nvml import agents, nvml_lib, nvml_state, wait_record
+from tests.conftest import AUTH, OP_AUTH, write_playbooks
+from tests.support.jobs import wait_until
+from tests.support.nvml import wait_record
 
 PLAYBOOKS = """
 playbooks:
@@ -125,7 +126,7 @@ def test_a_resend_of_a_cooled_down_alert_is_a_duplicate_not_another_skip(service
 
 
 def approve(url: str, rid: str) -> requests.Response:
-    return requests.post(f"{url}/remediations/{rid}/approve", headers=AUTH, timeout=10)
+    return requests.post(f"{url}/remediations/{rid}/approve", headers=OP_AUTH, json={}, timeout=10)
 
 
 def test_approval_holds_the_action_until_one_approve_releases_it_to_the_agent(service, r, agents, nvml_lib,
@@ -149,8 +150,9 @@ def test_approval_holds_the_action_until_one_approve_releases_it_to_the_agent(se
 
 def test_an_approval_not_given_in_time_expires(service, r) -> None:
     rem = post(service.url, group("GPUTemperatureHigh", node="gpu-node-2", gpu_id="0"))["remediations"][0]
-    time.sleep(2.5)
-    rec = requests.get(f"{service.url}/remediations/{rem['id']}").json()
+    # The reconciler (a thread in each gunicorn worker) ends the hold once its approval time has passed.
+    rec = wait_until(lambda: (lambda x: x if x["status"] != "pending_approval" else None)(
+        requests.get(f"{service.url}/remediations/{rem['id']}").json()), timeout=8, what="the hold to expire")
     assert rec["status"] == "expired" and rec["reason"] == "approval_expired"
     assert [a["status"] for a in rec["actions"]] == ["expired"]
     late = approve(service.url, rem["id"])

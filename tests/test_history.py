@@ -1,7 +1,6 @@
 """GET /history: newest first, filters, a cursor that pages without gaps or repeats."""
 from __future__ import annotations
 
-import copy
 
 import pytest
 

@@ -14,8 +14,8 @@ import pytest
 import redis
 import torch
 
+from trainmedic.client.wire import records
 from trainmedic.client.wire import keys
-from trainmedic.service import history
 from trainmedic.service.embedded_redis import free_port
 from tests.conftest import ROOT
 from tests.support.jobs import job_app, settled, trigger, wait_record, wait_until
@@ -43,7 +43,7 @@ class Conductor:
             self.ratios.append((step, [a / twin for a in lrs]))
         if step < 5:
             return
-        if self.current is not None and not settled(history.get(self.r, self.records[self.current])):
+        if self.current is not None and not settled(records.get(self.r, self.records[self.current])):
             time.sleep(0.003)  # give the receiver thread a moment; a real step takes longer
             return
         if self.plan:
@@ -53,7 +53,7 @@ class Conductor:
             self.current = None
 
     def record(self, name: str) -> dict:
-        rec = history.get(self.r, self.records[name])
+        rec = records.get(self.r, self.records[name])
         assert rec is not None
         return rec
 

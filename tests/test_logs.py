@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import logging
 import time
 import warnings
@@ -100,7 +101,7 @@ def test_setup_twice_leaves_one_handler_and_captures_warnings() -> None:
         logging.getLogger("trainmedic.x").info("one %s", "two", extra={"target": "job:a"})
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            warnings.warn("careful", UserWarning)
+            warnings.warn("careful", UserWarning, stacklevel=1)
         objs = _json_lines(buf.getvalue())
         assert objs[0]["msg"] == "one two" and objs[0]["target"] == "job:a"
         assert any("careful" in o["msg"] and o["logger"] == "py.warnings" for o in objs)
@@ -242,14 +243,15 @@ def test_every_line_of_the_agent_is_json_and_its_action_lines_name_id_fingerprin
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, post_json
+    from tests.conftest import ROOT, VERIFY_KEY, post_json
 
     root = tmp_path / "checkpoints"
     (root / "run-1").mkdir(parents=True)
     err = open(tmp_path / "agent.err", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", "gpu-node-07",
-                             "--redis-url", redis_url, "--allow-root", str(root)],
-                            cwd=ROOT, stdout=err, stderr=subprocess.STDOUT)
+                             "--redis-url", redis_url, "--allow-root", str(root), "--state-dir", str(tmp_path / "s")],
+                            cwd=ROOT, stdout=err, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TRAINMEDIC_VERIFY_KEY": VERIFY_KEY})
     try:
         alert = {"status": "firing", "labels": {"alertname": "DiskSpaceLow", "node": "gpu-node-07",
                                                 "mountpoint": "/checkpoints", "severity": "warning"},

@@ -5,7 +5,8 @@ import io
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -104,7 +105,7 @@ class Run:
     sched: Any
 
     @classmethod
-    def new(cls, case: Case) -> "Run":
+    def new(cls, case: Case) -> Run:
         opt = optimizer(case.kind)
         return cls(case, opt, case.make(opt))
 
@@ -116,8 +117,19 @@ class Run:
         return lr.current_lrs(self.opt)
 
 
-def same_ratio(changed: list[float], twin: list[float], ratios: list[float]) -> bool:
-    return all(math.isclose(a, r * b, rel_tol=1e-9, abs_tol=1e-15) for a, b, r in zip(changed, twin, ratios))
+def same_ratio(changed: list[float], twin: list[float], ratios: list[float],
+               floors: list[float] | None = None) -> bool:
+    """changed == ratio x twin per group, except that no group goes below its scheduler's own floor: a
+    ReduceLROnPlateau step is max(lr x factor, min_lr), so max(ratio x twin, min_lr) holds step after step."""
+    floors = floors or [0.0] * len(changed)
+    return all(math.isclose(a, max(r * b, f), rel_tol=1e-9, abs_tol=1e-15)
+               for a, b, r, f in zip(changed, twin, ratios, floors))
+
+
+def floors_of(sched: Any) -> list[float] | None:
+    """A scheduler's own per-group floors (ReduceLROnPlateau.min_lrs), which scale_lr never lowers."""
+    own = getattr(sched, "min_lrs", None)
+    return [float(v) for v in own] if isinstance(own, list) else None
 
 
 def lockstep(case: Case, change_at: int, ratios: list[float], change: Callable[[Run], dict] | None = None,
@@ -137,7 +149,8 @@ def lockstep(case: Case, change_at: int, ratios: list[float], change: Callable[[
             run.step(t)
             twin.step(t)
             if t >= change_at:
-                assert same_ratio(run.lrs(), twin.lrs(), ratios), (t, run.lrs(), twin.lrs())
+                assert same_ratio(run.lrs(), twin.lrs(), ratios, floors_of(twin.sched)), (t, run.lrs(), twin.lrs())
+                assert floors_of(run.sched) == floors_of(twin.sched)  # the user's floors are never lowered
                 checked += 1
     return result, checked
 
@@ -161,7 +174,8 @@ def round_trip(run: Run) -> Run:
 def test_a_scaled_run_stays_at_half_its_twin_to_the_last_step(name: str, change_at: int) -> None:
     result, checked = lockstep(CASES[name], change_at, [0.5] * 3)
     assert checked == STEPS - change_at
-    assert same_ratio(result["new_lr"], result["old_lr"], [0.5] * 3)
+    floors = floors_of(CASES[name].make(optimizer(CASES[name].kind)))
+    assert same_ratio(result["new_lr"], result["old_lr"], [0.5] * 3, floors)
 
 
 @pytest.mark.parametrize("name", sorted(EPOCH_CASES))
@@ -273,3 +287,15 @@ def test_a_tensor_lr_is_scaled_in_place() -> None:
         opt.step()
         sched.step()
     assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.0025)
+
+
+def test_scale_lr_neither_lowers_reduce_on_plateau_floors_nor_goes_below_them() -> None:
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.0012)
+    sched = S.ReduceLROnPlateau(opt, factor=0.5, patience=0, min_lr=0.001)
+    result = lr.scale_lr(opt, sched, 0.5)
+    assert sched.min_lrs == [0.001]  # the user's floor, untouched
+    assert result["new_lr"] == [pytest.approx(0.001)]  # held at the floor, not 0.0006
+    for metric in (1.0, 2.0, 3.0):  # plateaus: the scheduler's own cuts stop at its floor too
+        sched.step(metric)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.001)

@@ -51,7 +51,7 @@ def ack_all(r: redis.Redis, target: keys.Target, statuses: dict[str, str]) -> in
     n = 0
     for entry in box.fetch():
         assert entry.command is not None, entry.error
-        assert box.claim(entry)
+        assert box.claim(entry, "test:1") == "ok"
         acks = [Ack(entry.command.record_id, a.index, a.action, statuses[a.action], {"ok": True}, "test:1")
                 for a in entry.command.actions]
         box.ack(acks)
@@ -118,7 +118,7 @@ def test_an_ack_is_counted_once_however_often_it_is_sent(http: Any, r: redis.Red
     target = keys.Target("job", "llama-ft-01")
     box = Mailbox(r, target)
     [entry] = box.fetch()
-    assert box.claim(entry)
+    assert box.claim(entry, "test:1") == "ok"
     rid = entry.command.record_id
     acks = [Ack(rid, 0, "rollback_checkpoint", "applied", {"restored_step": 10}, "test:1"),
             Ack(rid, 1, "scale_lr", "failed", {"error": "no optimizer"}, "test:1")]
@@ -138,7 +138,7 @@ def test_ack_latency_lands_in_the_right_bucket(http: Any, r: redis.Redis) -> Non
     rid = entry.command.record_id
     # As if the trainer took three seconds to reach a step boundary.
     r.hset(keys.record(rid), "dispatched_ms", int(time.time() * 1000) - 3000)
-    box.claim(entry)
+    assert box.claim(entry, "test:1") == "ok"
     box.ack([Ack(rid, 1, "scale_lr", "applied", {}, "test:1")])
     s = samples(http.get("/metrics").get_data(as_text=True))
     bucket = "trainmedic_ack_latency_seconds_bucket"
@@ -148,17 +148,22 @@ def test_ack_latency_lands_in_the_right_bucket(http: Any, r: redis.Redis) -> Non
     assert 3.0 <= value(s, "trainmedic_ack_latency_seconds_sum", action="scale_lr") < 4.0
 
 
-def test_backlog_counts_commands_nobody_has_taken_by_kind(http: Any, r: redis.Redis) -> None:
+def test_backlog_counts_commands_not_yet_applied_waiting_or_delivered_by_kind(http: Any, r: redis.Redis) -> None:
     for i in range(3):
         assert post_json(http, "/webhook", loss_spike(f"idle-{i}", f"c{i}")).status_code == 200
     node_alert = copy.deepcopy(load_fixture("firing_single.json"))
     node_alert["alerts"][0]["labels"] = {"alertname": "DiskSpaceLow", "node": "gpu-node-07"}
     assert post_json(http, "/webhook", node_alert).status_code == 200
     box = Mailbox(r, keys.Target("job", "idle-0"))
-    assert box.claim(box.fetch()[0])
+    assert box.claim(box.fetch()[0], "test:1") == "ok"  # delivered, not acknowledged: still not applied
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    assert value(s, "trainmedic_mailbox_backlog", kind="job") == 3
+    assert value(s, "trainmedic_mailbox_backlog", kind="node") == 1
+    other = Mailbox(r, keys.Target("job", "idle-1"))
+    rid = other.fetch()[0].command.record_id
+    other.ack([Ack(rid, i, a, "applied", {}, "test:1") for i, a in enumerate(("rollback_checkpoint", "scale_lr"))])
     s = samples(http.get("/metrics").get_data(as_text=True))
     assert value(s, "trainmedic_mailbox_backlog", kind="job") == 2
-    assert value(s, "trainmedic_mailbox_backlog", kind="node") == 1
 
 
 def test_live_targets_are_counted_from_their_heartbeats(http: Any, r: redis.Redis) -> None:
@@ -171,7 +176,7 @@ def test_live_targets_are_counted_from_their_heartbeats(http: Any, r: redis.Redi
 
 
 def test_a_scrape_answers_with_redis_down_when_redis_is_unreachable(make_app: Any) -> None:
-    app = make_app(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", REDIS_TIMEOUT=0.5)
+    app = make_app(redis_url=f"redis://127.0.0.1:{free_port()}/0", REDIS_TIMEOUT=0.5)
     resp = app.test_client().get("/metrics")
     assert resp.status_code == 200
     s = samples(resp.get_data(as_text=True))

@@ -10,7 +10,7 @@ import pytest
 from trainmedic.client.wire import keys
 
 from tests.conftest import post_json, write_playbooks
-from tests.support.nvml import NO_PERMISSION, NOT_SUPPORTED, FakeGpu, agents, nvml_lib, nvml_state, wait_record
+from tests.support.nvml import NO_PERMISSION, NOT_SUPPORTED, FakeGpu, wait_record
 
 NODE = "gpu-node-1"
 GPU0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
@@ -58,7 +58,7 @@ def alert(alertname: str, status: str = "firing", fingerprint: str | None = None
 
 @pytest.fixture
 def http(make_app: Any, tmp_path: Path) -> Any:
-    return make_app(PLAYBOOKS=str(write_playbooks(tmp_path / "pb.yaml", PLAYBOOKS))).test_client()
+    return make_app(playbooks=str(write_playbooks(tmp_path / "pb.yaml", PLAYBOOKS))).test_client()
 
 
 def fire(http: Any, r: Any, body: dict) -> dict:
@@ -155,7 +155,8 @@ def test_a_second_throttle_keeps_the_original_limit_for_the_restore(agent, http,
     # The other episode's restore then finds nothing remembered and changes nothing.
     rec = fire(http, r, alert("GPUTemperatureHigh", "resolved", fingerprint="00000000000000c1", gpu_id="1"))
     assert rec["actions"][0]["status"] == "skipped"
-    assert "nothing to restore" in rec["actions"][0]["result"]["reason"]
+    assert rec["actions"][0]["reason"] == "nothing_to_restore"
+    assert "nothing to restore" in rec["actions"][0]["result"]["message"]
     assert nvml_state.limit_w(1) == 650
 
 
@@ -180,8 +181,8 @@ def test_every_nvml_error_is_a_failed_action_with_one_sentence(agent, http, r, n
     rec = fire(http, r, alert("GPUTemperatureHigh", **labels))
     act = rec["actions"][0]
     assert (rec["status"], act["status"]) == ("failed", "failed"), rec
-    assert act["result"]["reason"].startswith(words), act["result"]
-    assert one_sentence(act["result"]["reason"]), act["result"]["reason"]
+    assert act["result"]["error"].startswith(words), act["result"]
+    assert one_sentence(act["result"]["error"]), act["result"]["error"]
     assert nvml_state.limit_w(0) == 700
     # Nothing remembered for a throttle that did not happen, so a later restore changes nothing.
     assert remembered(r) == {}
@@ -197,7 +198,7 @@ def test_a_node_without_the_nvml_library_fails_the_action_and_keeps_running(agen
     info = agent.wait_ready(r)
     assert info["gpus"] == [] and "libnvidia-ml.so.1 was not found" in info["nvml"]
     rec = fire(http, r, alert("GPUTemperatureHigh", gpu_id="0"))
-    reason = rec["actions"][0]["result"]["reason"]
+    reason = rec["actions"][0]["result"]["error"]
     assert rec["status"] == "failed"
     assert reason == ("Could not initialise NVML: the NVML library libnvidia-ml.so.1 was not found "
                       "(is the NVIDIA driver installed?).")

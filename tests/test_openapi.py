@@ -1,6 +1,7 @@
 """GET /openapi.json describes the API as it behaves: schemathesis fuzzes the running service against it."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -10,7 +11,9 @@ from typing import Any
 
 import requests
 
-from tests.conftest import AUTH, ROOT, TOKEN, load_fixture, post_json
+from trainmedic.client.wire import records
+
+from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, TOKEN, load_fixture, post_json
 
 MAX_EXAMPLES = 25  # per operation and phase; the whole run stays well under a minute
 APPROVAL_PLAYBOOK = """
@@ -28,8 +31,10 @@ CONTRACT = {
     ("post", "/webhook"): {"200", "400", "401", "413", "415", "503"},
     ("get", "/history"): {"200", "400"},
     ("get", "/remediations/{id}"): {"200", "404"},
-    ("post", "/remediations"): {"201", "400", "401", "404"},
-    ("post", "/remediations/{id}/approve"): {"200", "401", "404", "409"},
+    ("post", "/remediations"): {"201", "400", "401", "403", "404", "415"},
+    ("post", "/commands"): {"201", "400", "401", "403", "415"},
+    ("post", "/remediations/{id}/approve"): {"200", "401", "403", "404", "409", "415"},
+    ("post", "/remediations/{id}/reject"): {"200", "401", "403", "404", "409", "415"},
     ("get", "/targets"): {"200"},
     ("get", "/healthz"): {"200"},
     ("get", "/readyz"): {"200", "503"},
@@ -52,12 +57,20 @@ def test_the_document_names_every_endpoint_and_status_of_the_contract(http: Any)
             content = op["responses"][code].get("content", {})
             if "application/json" in content:
                 assert content["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
-        # Bearer on every write, on nothing else.
-        assert (op.get("security") == [{"bearer": []}]) == (method == "post"), (method, path)
-    assert doc["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer", "description": doc["components"]["securitySchemes"]["bearer"]["description"]}
+        # A bearer token on every write, on nothing else: Alertmanager's for the webhook, people's for the rest.
+        wanted = None if method != "post" else [{"webhook": []}] if path == "/webhook" else [{"operator": []}]
+        assert op.get("security") == wanted, (method, path)
+    assert set(doc["components"]["securitySchemes"]) == {"webhook", "operator"}
     record = doc["components"]["schemas"]["Record"]
-    assert set(record["required"]) == {"id", "created_at", "playbook", "status", "reason", "alert", "target", "actions"}
+    # The record's fields as CONTRACT.md lists them (v2), described by the module that writes them.
+    assert set(record["required"]) == {
+        "id", "created_at", "playbook", "status", "reason", "alert", "target", "actions", "requested_by",
+        "approved_by", "approved_at", "rejected_by", "rejected_at", "approval_comment", "outcome", "escalation",
+        "silence_id", "silence_error"}
+    assert record == records.SCHEMA["Record"]
+    action = doc["components"]["schemas"]["RecordAction"]
+    assert set(action["properties"]["status"]["enum"]) == {"pending", "delivered", "applied", "failed", "unsupported",
+                                                           "expired", "skipped", "lost"}
 
 
 def test_a_manual_trigger_offers_the_loaded_playbooks(http: Any) -> None:
@@ -89,19 +102,19 @@ def test_schemathesis_finds_nothing_wrong_with_the_running_service(gunicorn: Any
     (playbooks / "approval.yaml").write_text(APPROVAL_PLAYBOOK)
     g = gunicorn(workers=2, TRAINMEDIC_PLAYBOOKS=str(playbooks))
     # Some history to describe: a dispatched record, a bad-label one, one held for approval.
-    headers = {**AUTH, "Content-Type": "application/json"}
-    assert requests.post(g.url + "/webhook", json=load_fixture("firing_single.json"), headers=headers,
+    assert requests.post(g.url + "/webhook", json=load_fixture("firing_single.json"), headers=AUTH,
                          timeout=10).status_code == 200
     for body in ({"playbook": "loss-spike", "labels": {"job_name": "../x"}},
                  {"playbook": "held-lr-cut", "labels": {"job_name": "llama-ft-02"}}):
-        assert requests.post(g.url + "/remediations", json=body, headers=headers, timeout=10).status_code == 201
+        assert requests.post(g.url + "/remediations", json=body, headers=OP_AUTH, timeout=10).status_code == 201
 
     st = Path(sys.executable).with_name("st")
     proc = subprocess.run(
-        [str(st), "--config-file", str(ROOT / "tests" / "schemathesis.toml"), "run", g.url + "/openapi.json", "--header", f"Authorization: Bearer {TOKEN}",
+        [str(st), "--config-file", str(ROOT / "tests" / "schemathesis.toml"), "run", g.url + "/openapi.json",
          "--checks", "all", "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
          "--generation-database", "none", "--request-timeout", "10", "--no-color"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TRAINMEDIC_TEST_OPERATOR_TOKEN": OPERATOR, "TRAINMEDIC_TEST_WEBHOOK_TOKEN": TOKEN})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     # Every operation was tested, but the document itself (schemathesis leaves out the URL it loaded).

@@ -5,7 +5,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -19,7 +19,7 @@ from trainmedic.service.embedded_redis import EmbeddedRedis
 from trainmedic.service.embedded_redis import free_port
 from tests.support.redis_cluster import EmbeddedCluster
 
-from tests.conftest import AUTH, ROOT, load_fixture
+from tests.conftest import AUTH, ROOT, SIGNING_KEY, TOKEN, load_fixture
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluste
 
 def closed_loop(url: str) -> dict:
     """Webhook -> record + mailbox -> a RemediationClient applies scale_lr -> ack in the record."""
-    app = create_app({"TESTING": True, "REDIS_URL": url, "WEBHOOK_TOKEN": "s3cret-token",
-                      "PLAYBOOKS": str(ROOT / "playbooks")})
+    app = create_app({"TESTING": True, "redis_url": url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
+                      "playbooks": str(ROOT / "playbooks")})
     http = app.test_client()
     opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -51,6 +51,9 @@ def closed_loop(url: str) -> dict:
             time.sleep(0.01)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
     assert http.get("/readyz").status_code == 200
+    # The reconciler's global index and per-target scripts work on this Redis too (a cluster: other slots).
+    report = app.extensions["trainmedic"].reconciler.tick(time.time() + 7200)
+    assert report.targets == 1 and report.changed == []
     return rec
 
 

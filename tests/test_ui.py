@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import copy
-import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -33,8 +33,9 @@ playbooks:
     matchers: ['alertname="GPUMemoryUsageHigh"']
     target: job
     actions:
-      - empty_cache: {}
+      - empty_cache: {}                     # skipped without CUDA (ignored by the record's status)
       - reduce_batch_size: {factor: 0.5, min: 1}
+      - save_checkpoint: {}                 # no handler here: unsupported, so partially applied
   - name: disk-space-low
     matchers: ['alertname="DiskSpaceLow"']
     target: node
@@ -79,7 +80,7 @@ class Server:
 def site(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Iterator[tuple[Server, Any]]:
     """A served app with history made the real way: webhooks in, a training client acking with real torch."""
     (tmp_path / "pb.yaml").write_text(PLAYBOOKS)
-    app = make_app(PLAYBOOKS=str(tmp_path / "pb.yaml"), UI_REFRESH_SECONDS=1)
+    app = make_app(playbooks=str(tmp_path / "pb.yaml"), UI_REFRESH_SECONDS=1)
     http = app.test_client()
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -109,7 +110,8 @@ def site(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Itera
         remediate(alert("TrainingLossSpike", f"a{i}", job_name="llama-ft-01"))
     remediate(alert("GPUMemoryUsageHigh", "b1", job_name="llama-ft-01"))
     assert post_json(http, "/webhook", alert("DiskSpaceLow", "c1", node="gpu-node-07")).status_code == 200
-    assert post_json(http, "/webhook", alert("TrainingThroughputDrop", "d1", job_name="bert-base-02")).status_code == 200
+    drop = alert("TrainingThroughputDrop", "d1", job_name="bert-base-02")
+    assert post_json(http, "/webhook", drop).status_code == 200
     hostile = alert("TrainingThroughputDrop", "e1", job_name="../../etc/passwd")
     hostile["alerts"][0]["annotations"] = {"summary": "<script>alert('pwned')</script><img src=x onerror=alert(2)>"}
     assert post_json(http, "/webhook", hostile).status_code == 200

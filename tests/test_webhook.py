@@ -134,7 +134,7 @@ def test_a_wrong_token_is_401(http, r, header: str) -> None:
 
 
 def test_without_a_token_only_loopback_may_write(make_app, r) -> None:
-    http = make_app(WEBHOOK_TOKEN=None).test_client()
+    http = make_app(webhook_token=None).test_client()
     body = json.dumps(load_fixture("firing_single.json"))
     far = http.post("/webhook", data=body, content_type="application/json",
                     environ_base={"REMOTE_ADDR": "10.1.2.3"})
@@ -156,9 +156,11 @@ BAD_BODIES = [
     ("a string", b'"hi"', "application/json", 400),
     ("alerts is an object", b'{"version":"4","alerts":{}}', "application/json", 400),
     ("alert is a number", b'{"version":"4","alerts":[1]}', "application/json", 400),
-    ("labels not strings", b'{"alerts":[{"status":"firing","labels":{"alertname":1},"startsAt":"2026-01-01T00:00:00Z"}]}',
+    ("labels not strings",
+     b'{"alerts":[{"status":"firing","labels":{"alertname":1},"startsAt":"2026-01-01T00:00:00Z"}]}',
      "application/json", 400),
-    ("labels nested", b'{"alerts":[{"status":"firing","labels":{"alertname":{"a":"b"}},"startsAt":"2026-01-01T00:00:00Z"}]}',
+    ("labels nested",
+     b'{"alerts":[{"status":"firing","labels":{"alertname":{"a":"b"}},"startsAt":"2026-01-01T00:00:00Z"}]}',
      "application/json", 400),
     ("missing status", b'{"alerts":[{"labels":{"alertname":"X"},"startsAt":"2026-01-01T00:00:00Z"}]}',
      "application/json", 400),

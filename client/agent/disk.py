@@ -1,20 +1,25 @@
-"""disk_cleanup: delete old checkpoints below the operator's allow-roots only, never through a link."""
+"""disk_cleanup: delete old checkpoints below the operator's allow-roots only, never through a link.
+
+The allow-roots are checked and opened once, when the agent starts (pinned by handle): a root that is a link,
+or that sits below a folder other users may write, is refused, and later swaps of any path above a root
+change nothing. Below a root, nothing is followed through a link, and no path with a component matching a
+`protect` pattern (best*, *final*, *.json, ... and the playbook's own) is ever deleted.
+"""
 from __future__ import annotations
 
 import fnmatch
 import logging
 import os
 import re
-import shutil
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
-from trainmedic.client.wire.actions import DiskCleanup
-
-from trainmedic.client.receiver.outcome import ActionFailed
+from ..receiver.applier import ActionFailed
+from ..wire.actions import DiskCleanup
 
 log = logging.getLogger("trainmedic.agent")
 
@@ -26,10 +31,19 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 
 
 @dataclass(frozen=True)
+class AllowRoot:
+    """An allow-root, opened once at start: every walk and delete below it goes through this handle."""
+
+    path: str
+    fd: int
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One entry matching a pattern: a checkpoint file or folder, by its place below a root."""
 
     root: str
+    root_fd: int
     parts: tuple[str, ...]
     is_dir: bool
     size: int
@@ -55,14 +69,16 @@ class Report:
     deleted: list[str] = field(default_factory=list)
     bytes_freed: int = 0
     kept: int = 0
-    left_alone: list[dict] = field(default_factory=list)
+    left_alone: list[dict[str, Any]] = field(default_factory=list)
     links_ignored: list[str] = field(default_factory=list)
     over_cap: int = 0
     errors: list[str] = field(default_factory=list)
+    protected: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        out: dict = {"roots": self.roots, "dry_run": self.dry_run, "kept": self.kept,
-                     "left_alone": self.left_alone[:LIST_CAP], "links_ignored": self.links_ignored[:LIST_CAP]}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"roots": self.roots, "dry_run": self.dry_run, "kept": self.kept,
+                     "left_alone": self.left_alone[:LIST_CAP], "links_ignored": self.links_ignored[:LIST_CAP],
+                     "protected": self.protected[:LIST_CAP]}
         if self.dry_run:
             out.update(deleted=[], bytes_freed=0, would_delete=self.deleted[:LIST_CAP],
                        would_delete_count=len(self.deleted), bytes_would_free=self.bytes_freed)
@@ -75,59 +91,124 @@ class Report:
         return out
 
 
-def check_roots(roots: Iterable[str | os.PathLike]) -> list[Path]:
-    """The operator's allow-roots made absolute; raises ValueError for a root that would allow anything."""
-    out = []
+def _refuse_unsafe_parents(real: str, raw: str) -> None:
+    """ValueError when a folder above the root can be written by others, so the root could be swapped."""
+    me = os.geteuid()
+    parts = real.strip(os.sep).split(os.sep)
+    for depth in range(len(parts)):
+        parent = os.sep + os.sep.join(parts[:depth])
+        st = os.stat(parent)
+        if st.st_mode & stat.S_IWOTH:
+            child = os.lstat(os.path.join(parent, parts[depth]))
+            # A sticky folder (/tmp) lets others add entries but not rename or remove ours.
+            if not st.st_mode & stat.S_ISVTX or child.st_uid not in (0, me):
+                raise ValueError(f"--allow-root {raw}: {parent} is writable by other users, who could swap the "
+                                 "folder for a link; choose a root whose parents only root (or this user) can write")
+
+
+def pin_roots(roots: Iterable[str | os.PathLike[str]]) -> list[AllowRoot]:
+    """The operator's allow-roots, checked and opened once; ValueError (one sentence) for an unsafe one."""
+    pinned: dict[str, AllowRoot] = {}
     for raw in roots:
-        path = Path(os.path.abspath(os.fspath(raw)))
-        if path == Path(path.anchor) or os.path.realpath(path) == os.path.abspath(os.sep):
-            raise ValueError(f"--allow-root {raw} would let the agent delete anywhere on the host; name a folder")
-        out.append(path)
+        text = os.fspath(raw)
+        path = os.path.abspath(text)
+        if os.path.islink(path):
+            raise ValueError(f"--allow-root {text} is a link; name the folder itself")
+        real = os.path.realpath(path)
+        if real == os.path.abspath(os.sep) or path == os.path.abspath(os.sep):
+            raise ValueError(f"--allow-root {text} would let the agent delete anywhere on the host; name a folder")
+        if not os.path.isdir(real):
+            raise ValueError(f"--allow-root {text} does not exist or is not a folder")
+        _refuse_unsafe_parents(real, text)
+        fd = os.open(real, _DIR_FLAGS)
+        pinned[real] = AllowRoot(real, fd)
+    # A root inside another root would be walked twice.
+    unique = sorted(pinned)
+    return [pinned[r] for r in unique if not any(r != o and r.startswith(o.rstrip(os.sep) + os.sep) for o in unique)]
+
+
+def check_roots(roots: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The allow-roots made absolute, checked as pin_roots does (for `trainmedic agent`'s start)."""
+    out = []
+    for root in pin_roots(roots):
+        os.close(root.fd)
+        out.append(Path(root.path))
     return out
 
 
-def _resolved_roots(roots: Sequence[str | os.PathLike]) -> list[str]:
+def _live(roots: Sequence[AllowRoot]) -> list[AllowRoot]:
     if not roots:
         raise ActionFailed("The agent was started without --allow-root, so it may not delete anything.")
-    resolved: list[str] = []
-    for raw in roots:
-        real = os.path.realpath(raw)
-        if not os.path.isdir(real):
-            raise ActionFailed(f"The allow-root {os.fspath(raw)} does not exist or is not a folder; "
-                               "nothing was deleted.")
-        resolved.append(real)
-    # A root inside another root would be walked twice.
-    unique = sorted(set(resolved))
-    return [r for r in unique if not any(r != o and r.startswith(o.rstrip(os.sep) + os.sep) for o in unique)]
+    for root in roots:
+        if os.fstat(root.fd).st_nlink == 0:
+            raise ActionFailed(f"The allow-root {root.path} was removed after the agent started; nothing was "
+                               "deleted.")
+    return list(roots)
 
 
-def _natural(name: str) -> list:
+def _natural(name: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def _measure(dir_fd: int, name: str, top: os.stat_result) -> tuple[int, float]:
-    """Bytes of regular files in a folder and its newest mtime, never following links."""
+def _measure(dir_fd: int, name: str, top: os.stat_result, protect: Sequence[str]) -> tuple[int, float]:
+    """Bytes of the regular files a prune of this folder would delete, and its newest mtime (links never
+    followed; protected entries and everything below them neither counted nor deleted)."""
     size, newest = 0, top.st_mtime
     for _, dirs, files, fd in os.fwalk(name, dir_fd=dir_fd, follow_symlinks=False):
         newest = max(newest, os.fstat(fd).st_mtime)
+        dirs[:] = [d for d in dirs if not _matches(d, protect)]
         for f in files + dirs:
             try:
                 st = os.stat(f, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             newest = max(newest, st.st_mtime)
-            if stat.S_ISREG(st.st_mode):
+            if stat.S_ISREG(st.st_mode) and not _matches(f, protect):
                 size += st.st_size
     return size, newest
 
 
-def _scan(root: str, patterns: Sequence[str], report: Report) -> list[Candidate]:
+def _prune(dir_fd: int, name: str, protect: Sequence[str], where: str) -> list[str]:
+    """Delete a folder's contents except protected entries; remove the folder when nothing is left.
+    Returns the protected paths kept (below `where`). Links inside are removed as links, never followed."""
+    kept: list[str] = []
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        for entry in os.listdir(fd):
+            if _matches(entry, protect):
+                kept.append(os.path.join(where, entry))
+                continue
+            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                kept += _prune(fd, entry, protect, os.path.join(where, entry))
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not kept:
+        os.rmdir(name, dir_fd=dir_fd)
+    return kept
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _scan(root: AllowRoot, patterns: Sequence[str], protect: Sequence[str], report: Report) -> list[Candidate]:
     out: list[Candidate] = []
-    for dirpath, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
-        rel = os.path.relpath(dirpath, root)
+    for dirpath, dirs, files, dir_fd in os.fwalk(".", dir_fd=root.fd, follow_symlinks=False):
+        rel = os.path.normpath(dirpath)
         base = () if rel == "." else tuple(rel.split(os.sep))
         for name in sorted(dirs + files):
-            if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            if _matches(name, protect):
+                # Protected, and so is everything below it: never a candidate, never walked into.
+                is_dir = name in dirs
+                if is_dir:
+                    dirs.remove(name)
+                if is_dir or _matches(name, patterns):
+                    report.protected.append(os.path.join(root.path, *base, name))
+                continue
+            if not _matches(name, patterns):
                 continue
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -137,12 +218,13 @@ def _scan(root: str, patterns: Sequence[str], report: Report) -> list[Candidate]
                 dirs.remove(name)  # a checkpoint folder is one entry: never descend into it
             if stat.S_ISLNK(st.st_mode):
                 # Never followed and never deleted: its target may lie outside the root.
-                report.links_ignored.append(os.path.join(dirpath, name))
+                report.links_ignored.append(os.path.join(root.path, *base, name))
             elif stat.S_ISDIR(st.st_mode):
-                size, mtime = _measure(dir_fd, name, st)
-                out.append(Candidate(root, base + (name,), True, size, mtime, st.st_dev, st.st_ino))
+                size, mtime = _measure(dir_fd, name, st, protect)
+                out.append(Candidate(root.path, root.fd, base + (name,), True, size, mtime, st.st_dev, st.st_ino))
             elif stat.S_ISREG(st.st_mode):
-                out.append(Candidate(root, base + (name,), False, st.st_size, st.st_mtime, st.st_dev, st.st_ino))
+                out.append(Candidate(root.path, root.fd, base + (name,), False, st.st_size, st.st_mtime, st.st_dev,
+                                     st.st_ino))
     return out
 
 
@@ -169,7 +251,7 @@ def _select(cands: list[Candidate], params: DiskCleanup, now: float, report: Rep
 
 def _open_parent(c: Candidate) -> int:
     """A descriptor of the candidate's folder, opened from the root one component at a time, never via a link."""
-    fd = os.open(c.root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.dup(c.root_fd)
     try:
         for part in c.parts[:-1]:
             nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
@@ -181,8 +263,9 @@ def _open_parent(c: Candidate) -> int:
     return fd
 
 
-def _delete(c: Candidate, now: float) -> str | None:
-    """Delete one candidate; None when done, else why it was left alone."""
+def _delete(c: Candidate, now: float, protect: Sequence[str], kept: list[str]) -> str | None:
+    """Delete one candidate (keeping what is protected inside a folder, listed in `kept`); None when done,
+    else why it was left alone."""
     fd = _open_parent(c)
     try:
         name = c.parts[-1]
@@ -192,7 +275,9 @@ def _delete(c: Candidate, now: float) -> str | None:
         if now - st.st_mtime < RECENT_SECONDS or time.time() - st.st_mtime < RECENT_SECONDS:
             return "modified in the last minute"
         if c.is_dir:
-            shutil.rmtree(name, dir_fd=fd)  # fd-based: removes links inside, never their targets
+            # A checkpoint folder goes, except what is protected inside it (a Hugging Face checkpoint's
+            # config.json and trainer_state.json stay; its weights and optimizer state are freed).
+            kept += _prune(fd, name, protect, c.path)
         else:
             os.unlink(name, dir_fd=fd)
         return None
@@ -200,18 +285,18 @@ def _delete(c: Candidate, now: float) -> str | None:
         os.close(fd)
 
 
-def cleanup(roots: Sequence[str | os.PathLike], params: DiskCleanup, dry_run: bool = False,
-            now: float | None = None) -> dict:
+def cleanup(roots: Sequence[AllowRoot], params: DiskCleanup, dry_run: bool = False,
+            now: float | None = None) -> dict[str, Any]:
     """Delete (or list, in a dry run) old checkpoints below the allow-roots; the result for the record."""
     now = time.time() if now is None else now
-    resolved = _resolved_roots(roots)
-    report = Report(roots=resolved, dry_run=dry_run)
+    live = _live(roots)
+    report = Report(roots=[r.path for r in live], dry_run=dry_run)
     cands: list[Candidate] = []
-    for root in resolved:
+    for root in live:
         try:
-            cands.extend(_scan(root, params.patterns, report))
+            cands.extend(_scan(root, params.patterns, params.protected, report))
         except OSError as exc:
-            raise ActionFailed(f"Could not read the allow-root {root}: {exc.strerror or exc}.") from None
+            raise ActionFailed(f"Could not read the allow-root {root.path}: {exc.strerror or exc}.") from None
     doomed = _select(cands, params, now, report)
     for i, c in enumerate(doomed):
         if params.max_bytes is not None and report.bytes_freed + c.size > params.max_bytes:
@@ -220,7 +305,7 @@ def cleanup(roots: Sequence[str | os.PathLike], params: DiskCleanup, dry_run: bo
             break
         if not dry_run:
             try:
-                why = _delete(c, now)
+                why = _delete(c, now, params.protected, report.protected)
             except OSError as exc:
                 report.errors.append(f"{c.path}: {exc.strerror or exc}")
                 continue

@@ -1,16 +1,17 @@
-"""GPU power limits through NVIDIA's pynvml: lower, remember the original in Redis, restore."""
+"""GPU power limits through NVIDIA's pynvml: lower, remember the original (state file and Redis), restore."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import redis
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.actions import PowerLimit
-
-from trainmedic.client.receiver.outcome import ActionFailed, ActionSkipped
+from ..receiver.applier import ActionFailed, ActionSkipped
+from ..wire import keys
+from ..wire.actions import PowerLimit
+from .state import NodeState
 
 log = logging.getLogger("trainmedic.agent")
 
@@ -23,7 +24,7 @@ class Gpu:
     uuid: str
     name: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "uuid": self.uuid, "name": self.name}
 
 
@@ -80,7 +81,7 @@ class Nvml:
     def __init__(self) -> None:
         self.nv = _pynvml()
 
-    def __enter__(self) -> "Nvml":
+    def __enter__(self) -> Nvml:
         self._call("initialise NVML", self.nv.nvmlInit)
         return self
 
@@ -105,7 +106,7 @@ class Nvml:
         return Gpu(index, self._call("read the GPU's UUID", self.nv.nvmlDeviceGetUUID, handle),
                    self._call("read the GPU's name", self.nv.nvmlDeviceGetName, handle))
 
-    def find(self, context: dict) -> tuple[Any, Gpu]:
+    def find(self, context: dict[str, Any]) -> tuple[Any, Gpu]:
         """The handle and identity of the GPU named by the alert's gpu_uuid, else its gpu_id."""
         nv = self.nv
         uuid, index = context.get("gpu_uuid"), context.get("gpu_id")
@@ -121,7 +122,7 @@ class Nvml:
             raise ActionFailed(f"There is no GPU with {which} on this node.") from None
         except nv.NVMLError as exc:
             raise ActionFailed(describe(exc, "find the GPU"), nvml_error=str(exc)) from None
-        idx = index if not uuid else self._call("read the GPU's index", nv.nvmlDeviceGetIndex, handle)
+        idx: Any = index if not uuid else self._call("read the GPU's index", nv.nvmlDeviceGetIndex, handle)
         return handle, Gpu(int(idx), self._call("read the GPU's UUID", nv.nvmlDeviceGetUUID, handle),
                            self._call("read the GPU's name", nv.nvmlDeviceGetName, handle))
 
@@ -137,81 +138,85 @@ class Nvml:
         self._call("set the power limit", self.nv.nvmlDeviceSetPowerManagementLimit, handle, int(mw))
 
 
-def inventory() -> tuple[list[dict], str | None]:
+def inventory() -> tuple[list[dict[str, Any]], str | None]:
     """This node's GPUs for the heartbeat, or an empty list and why."""
     try:
         with Nvml() as nvml:
             return [g.as_dict() for g in nvml.gpus()], None
     except ActionFailed as exc:
-        return [], exc.reason
+        return [], exc.message
 
 
 class PowerLimiter:
-    """power_limit and restore_power_limit for one node; the original limit is kept in Redis per GPU."""
+    """power_limit and restore_power_limit for one node.
 
-    def __init__(self, node: str, redis_client: Callable[[], redis.Redis]):
+    The limit from before trainmedic's first throttle of a GPU is kept in the node's state file (the truth:
+    Redis may lose it, and a second throttle must never take a throttled limit for the original) and copied
+    into Redis for people to see.
+    """
+
+    def __init__(self, node: str, redis_client: Callable[[], redis.Redis], state: NodeState):
         self.node = node
         self.redis = redis_client
+        self.state = state
 
-    def _memory(self, op: str, *args: Any) -> Any:
+    def _mirror(self, op: str, *args: Any) -> None:
         try:
-            return getattr(self.redis(), op)(keys.power_memory(self.node), *args)
+            getattr(self.redis(), op)(keys.power_memory(self.node), *args)
         except redis.RedisError:
-            raise ActionFailed("Redis is unavailable, so the original power limit could not be "
-                               "remembered or read; the limit was left unchanged.") from None
+            log.warning("could not update the copy of the remembered power limits in Redis (%s)", op)
 
-    def throttle(self, params: PowerLimit, context: dict, dry_run: bool = False) -> dict:
+    def throttle(self, params: PowerLimit, context: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         """Lower the alert's GPU to `watts` or `fraction` of its default, within its constraints."""
         with Nvml() as nvml:
             handle, gpu = nvml.find(context)
             state = nvml.power(handle)
             wanted = (int(params.watts * 1000) if params.watts is not None
-                      else int(round(params.fraction * state.default_mw)))
+                      else int(round((params.fraction or 1.0) * state.default_mw)))
             floor = int((params.floor_watts or 0) * 1000)
             new = state.clamp(wanted, floor)
+            original = self.state.power.get(gpu.uuid, state.current_mw)
             result = {"gpu": gpu.as_dict(), "old_watts": _watts(state.current_mw), "requested_watts": _watts(wanted),
                       "new_watts": _watts(new), "min_watts": _watts(state.min_mw), "max_watts": _watts(state.max_mw),
-                      "default_watts": _watts(state.default_mw)}
+                      "default_watts": _watts(state.default_mw), "remembered_watts": _watts(original)}
             if new != wanted:
                 result["clamped_to"] = ("floor_watts" if new == floor and floor > state.min_mw
                                         else "min" if new == state.min_mw else "max")
             if dry_run:
-                raise ActionSkipped({"dry_run": True, "reason": "the agent runs with --dry-run", **result})
-            # HSETNX: a second throttle while throttled must not overwrite the limit from before the first.
-            fresh = self._memory("hsetnx", gpu.uuid, state.current_mw)
+                raise ActionSkipped("dry_run", "The agent runs with --dry-run, so nothing was changed.", dry_run=True,
+                                    **result)
+            fresh = gpu.uuid not in self.state.power
+            if fresh:
+                # Written before the change: a crash in between leaves the original known, never lost.
+                self.state.set("power", gpu.uuid, state.current_mw)
             try:
                 nvml.set_limit(handle, new)
             except ActionFailed:
                 if fresh:
-                    self._forget(gpu.uuid)
+                    self.state.forget("power", gpu.uuid)
                 raise
-            remembered = int(self._memory("hget", gpu.uuid) or state.current_mw)
-            result["remembered_watts"] = _watts(remembered)
+            self._mirror("hset", gpu.uuid, original)
             log.info("power limit of GPU %s (%s) set from %sW to %sW", gpu.index, gpu.uuid, result["old_watts"],
                      result["new_watts"])
             return result
 
-    def restore(self, context: dict, dry_run: bool = False) -> dict:
-        """Put back the limit remembered before trainmedic lowered it."""
+    def restore(self, context: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Put back the limit from before trainmedic's first throttle."""
         with Nvml() as nvml:
             handle, gpu = nvml.find(context)
-            raw = self._memory("hget", gpu.uuid)
-            if raw is None:
-                raise ActionSkipped({"gpu": gpu.as_dict(), "reason": "trainmedic has not lowered this GPU's "
-                                     "power limit, so there is nothing to restore"})
+            original = self.state.power.get(gpu.uuid)
+            if original is None:
+                raise ActionSkipped("nothing_to_restore", "Trainmedic has not lowered this GPU's power limit, so "
+                                    "there is nothing to restore.", gpu=gpu.as_dict())
             state = nvml.power(handle)
-            target = state.clamp(int(raw))
+            target = state.clamp(int(original))
             result = {"gpu": gpu.as_dict(), "old_watts": _watts(state.current_mw), "new_watts": _watts(target),
-                      "remembered_watts": _watts(int(raw))}
+                      "remembered_watts": _watts(int(original))}
             if dry_run:
-                raise ActionSkipped({"dry_run": True, "reason": "the agent runs with --dry-run", **result})
+                raise ActionSkipped("dry_run", "The agent runs with --dry-run, so nothing was changed.", dry_run=True,
+                                    **result)
             nvml.set_limit(handle, target)
-            self._forget(gpu.uuid)
+            self.state.forget("power", gpu.uuid)
+            self._mirror("hdel", gpu.uuid)
             log.info("power limit of GPU %s (%s) restored to %sW", gpu.index, gpu.uuid, result["new_watts"])
             return result
-
-    def _forget(self, uuid: str) -> None:
-        try:
-            self.redis().hdel(keys.power_memory(self.node), uuid)
-        except redis.RedisError:
-            log.warning("could not forget the remembered power limit of %s; a later restore will reapply it", uuid)

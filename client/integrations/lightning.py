@@ -7,9 +7,9 @@ from typing import Any
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the older standalone package name
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
 
-from trainmedic.client.integrations._common import ClientHolder
+from ._common import ClientHolder
 
 
 class TrainMedicCallback(ClientHolder, Callback):
@@ -18,9 +18,11 @@ class TrainMedicCallback(ClientHolder, Callback):
     save_checkpoint calls trainer.save_checkpoint (into checkpoint_dir, else the ModelCheckpoint folder,
     else default_root_dir/checkpoints) and stop_training sets trainer.should_stop, unless you register
     your own handler; every rank of a distributed run applies each command at the same global step.
+    What the client applied is saved in every checkpoint (Callback.state_dict) and restored by
+    `trainer.fit(ckpt_path=...)`, so a resume neither repeats a change nor loses one.
     """
 
-    def __init__(self, job: str | None = None, checkpoint_dir: str | os.PathLike | None = None,
+    def __init__(self, job: str | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
                  **client_kwargs: Any):
         super().__init__(job, **client_kwargs)
         self.checkpoint_dir = checkpoint_dir
@@ -37,19 +39,25 @@ class TrainMedicCallback(ClientHolder, Callback):
             return os.fspath(self.checkpoint_dir)
         ckpt = getattr(self._trainer, "checkpoint_callback", None)
         if ckpt is not None and getattr(ckpt, "dirpath", None):
-            return os.fspath(ckpt.dirpath)
+            return str(os.fspath(ckpt.dirpath))
         return os.path.join(self._trainer.default_root_dir, "checkpoints")
 
-    def _save(self, params: dict) -> dict:
+    def _save(self, params: dict[str, Any]) -> dict[str, Any]:
         # The name is built from the step number only: nothing from an alert reaches the path.
         step = int(self._trainer.global_step)
         path = os.path.join(self._folder(), f"trainmedic-step={step}.ckpt")
         self._trainer.save_checkpoint(path)  # every rank calls it at the same step, as Lightning requires
         return {"path": path, "step": step}
 
-    def _stop(self, params: dict) -> dict:
+    def _stop(self, params: dict[str, Any]) -> dict[str, Any]:
         self._trainer.should_stop = True
         return {"should_stop": True, "step": int(self._trainer.global_step)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainmedic": self.trainmedic_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.restore(state_dict.get("trainmedic"))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.client is not None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
-from trainmedic.client.integrations._common import ClientHolder
+from ._common import ClientHolder
 
 
-class TrainMedicCallback(ClientHolder, TrainerCallback):
+class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
     """A TrainerCallback that runs a RemediationClient on the Trainer's optimizer and LR scheduler.
 
     save_checkpoint sets control.should_save and stop_training sets control.should_training_stop
     (unless you register your own handler for them); every rank of a distributed run applies each
-    command at the same global step.
+    command at the same global step. What the client applied is saved with every checkpoint (in
+    trainer_state.json, as an ExportableState) and restored by `trainer.train(resume_from_checkpoint=...)`.
     """
 
     def __init__(self, job: str | None = None, **client_kwargs: Any):
@@ -21,15 +23,24 @@ class TrainMedicCallback(ClientHolder, TrainerCallback):
         self._want_save = False
         self._want_stop = False
 
+    def state(self) -> dict[str, Any]:
+        """What Trainer._save_checkpoint writes into trainer_state.json for this callback."""
+        return {"args": {"job": self.job}, "attributes": {"_trainmedic_saved": self.trainmedic_state()}}
+
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                        lr_scheduler: Any = None, **kwargs: Any) -> None:
+        # A resumed TrainerState holds what state() returned at that checkpoint (a fresh run holds None).
+        saved = (getattr(state, "stateful_callbacks", None) or {}).get(type(self).__name__)
+        saved = saved[-1] if isinstance(saved, list) and saved else saved
+        if isinstance(saved, dict):
+            self.restore((saved.get("attributes") or {}).get("_trainmedic_saved"))
         self._attach(optimizer, lr_scheduler, {"save_checkpoint": self._save, "stop_training": self._stop})
 
-    def _save(self, params: dict) -> dict:
+    def _save(self, params: dict[str, Any]) -> dict[str, Any]:
         self._want_save = True
         return {"control": "should_save", "step": self.client.step if self.client else None}
 
-    def _stop(self, params: dict) -> dict:
+    def _stop(self, params: dict[str, Any]) -> dict[str, Any]:
         self._want_stop = True
         return {"control": "should_training_stop", "step": self.client.step if self.client else None}
 

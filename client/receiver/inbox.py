@@ -1,4 +1,4 @@
-"""Background threads that receive a target's commands and send its acks, never touching the caller's thread."""
+"""Background threads that receive a target's commands and write its acks, never touching the caller's thread."""
 from __future__ import annotations
 
 import collections
@@ -6,14 +6,17 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+from collections.abc import Callable, Sequence
 
 import redis
 
-from trainmedic.client.wire import keys
-from trainmedic.client.receiver.mailbox import Entry, Mailbox
-from trainmedic.client.wire.protocol import Ack
-from trainmedic.client.wire.redis import DEFAULT_TIMEOUT, connect
+from ..wire import keys
+from ..wire.protocol import Ack
+from ..wire.redis import DEFAULT_TIMEOUT, connect
+from ..wire.signing import Verifier
+from .mailbox import Entry, Mailbox
 
 log = logging.getLogger("trainmedic.client")
 
@@ -24,44 +27,89 @@ MAX_BACKOFF = 5.0
 FIRST_BACKOFF = 0.1
 
 
-class Inbox:
-    """Receives claimed commands into `ready` (a deque) and sends queued acks, both in daemon threads."""
+@dataclass(frozen=True)
+class Ledger:
+    """The job's ledger of sticky LR changes, read in the background after a resume."""
 
-    def __init__(self, url: str, target: keys.Target, info: Callable[[], dict],
-                 heartbeat_interval: float = 5.0, name: str = "trainmedic", *, max_backoff: float = MAX_BACKOFF,
-                 timeout: float = DEFAULT_TIMEOUT, client_name: str | None = None):
+    entries: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Hand a claimed, unapplied command back to the target's next process."""
+
+    record_id: str
+
+
+@dataclass(frozen=True)
+class Reapplied:
+    """Note on an action that this process applied it again after a resume."""
+
+    record_id: str
+    index: int
+    at: str
+    step: int | None
+    by: str
+
+
+Outgoing = Ack | Release | Reapplied
+Ready = Entry | Ledger
+
+
+class Inbox:
+    """Receives claimed commands into `ready` (a deque) and writes acks, both in daemon threads."""
+
+    def __init__(self, url: str, target: keys.Target, info: Callable[[], dict[str, Any]], identity: str,
+                 verifier: Verifier | None = None, heartbeat_interval: float = 5.0, name: str = "trainmedic", *,
+                 max_backoff: float = MAX_BACKOFF, timeout: float = DEFAULT_TIMEOUT, client_name: str | None = None,
+                 on_ready: Callable[[], None] | None = None):
         self.url = url
         self.target = target
         self.info = info
+        self.identity = identity
+        self.verifier = verifier
         self.heartbeat_interval = heartbeat_interval
         self.max_backoff = max(max_backoff, FIRST_BACKOFF)
         self.timeout = timeout
+        self.on_ready = on_ready
         self._conn_kw: dict[str, Any] = {"client_name": client_name} if client_name else {}
         # deque append/popleft are atomic: the receiver appends, poll() pops, no lock on the hot path.
-        self.ready: collections.deque[Entry] = collections.deque()
-        self._acks: queue.Queue[Ack | None] = queue.Queue()
+        self.ready: collections.deque[Ready] = collections.deque()
+        self._out: queue.Queue[Outgoing | None] = queue.Queue()
         self._stop = threading.Event()
+        self._ledger_wanted = threading.Event()
         self._lock = threading.Lock()
         self._failing: set[str] = set()  # which threads currently cannot reach Redis
+        self._beaten = False  # whether this process has sent its first heartbeat
         self.outages = 0
         self._threads = [
             threading.Thread(target=self._receive_loop, name=f"{name}-receive", daemon=True),
-            threading.Thread(target=self._ack_loop, name=f"{name}-ack", daemon=True),
+            threading.Thread(target=self._send_loop, name=f"{name}-ack", daemon=True),
         ]
 
-    def start(self) -> "Inbox":
+    def start(self) -> Inbox:
         for t in self._threads:
             t.start()
         return self
 
-    def send(self, acks: list[Ack]) -> None:
-        """Queue acks for the ack thread (never blocks)."""
-        for a in acks:
-            self._acks.put(a)
+    def send(self, items: Sequence[Outgoing]) -> None:
+        """Queue acks, releases and reapply notes for the writer thread (never blocks)."""
+        for item in items:
+            self._out.put(item)
+
+    def want_ledger(self) -> None:
+        """Read the job's ledger in the background; it arrives in `ready` as a Ledger."""
+        self._ledger_wanted.set()
+
+    def stop_receiving(self, timeout: float = 3.0) -> None:
+        """Stop claiming new commands (the writer goes on until close())."""
+        self._stop.set()
+        if self._threads[0].is_alive():
+            self._threads[0].join(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop both threads, giving queued acks up to `timeout` seconds to go out."""
-        self._acks.put(None)
+        """Stop both threads, giving queued writes up to `timeout` seconds to go out."""
+        self._out.put(None)
         deadline = time.monotonic() + timeout
         if self._threads[1].is_alive():
             self._threads[1].join(max(0.0, deadline - time.monotonic()))
@@ -71,7 +119,7 @@ class Inbox:
 
     @property
     def pending_acks(self) -> int:
-        return self._acks.qsize()
+        return self._out.qsize()
 
     @property
     def connected(self) -> bool:
@@ -99,7 +147,7 @@ class Inbox:
         if last:
             log.info("trainmedic: Redis reachable again for %s", self.target.label)
 
-    def _connect(self) -> redis.Redis:
+    def _connect(self) -> Any:
         return connect(self.url, timeout=self.timeout, **self._conn_kw)
 
     # -- receiving
@@ -110,8 +158,8 @@ class Inbox:
             pubsub = None
             try:
                 r = self._connect()
-                mb = Mailbox(r, self.target)
-                pubsub = r.pubsub(ignore_subscribe_messages=True)
+                mb = Mailbox(r, self.target, self.verifier)
+                pubsub = cast(Any, r).pubsub(ignore_subscribe_messages=True)  # redis-py leaves it untyped
                 pubsub.subscribe(keys.wake_channel(self.target))
                 last_beat = float("-inf")
                 last_scan = float("-inf")
@@ -119,8 +167,13 @@ class Inbox:
                 while not self._stop.is_set():
                     now = time.monotonic()
                     if now - last_beat >= self.heartbeat_interval:
-                        mb.heartbeat(self._info())
+                        mb.heartbeat(self._info(), first=not self._beaten)
+                        self._beaten = True
                         last_beat = now
+                    if self._ledger_wanted.is_set():
+                        self.ready.append(Ledger(tuple(mb.ledger())))
+                        self._ledger_wanted.clear()
+                        self._notify()
                     if woken or now - last_scan >= RESCAN_INTERVAL:
                         self._drain(mb)
                         last_scan = now
@@ -142,39 +195,58 @@ class Inbox:
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.max_backoff)
 
-    def _info(self) -> dict:
+    def _info(self) -> dict[str, Any]:
         try:
             return self.info()
         except Exception:
             return {}
 
+    def _notify(self) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
+
     def _drain(self, mb: Mailbox) -> None:
         while not self._stop.is_set():
             entries = mb.fetch()
+            took = False
             for e in entries:
-                # The claim moves the cursor in Redis first: a command is applied at most once,
-                # also when the process dies between here and the apply.
-                if mb.claim(e):
+                # The claim moves the cursor in Redis first: a command is applied at most once, also when the
+                # process dies between here and the apply (the reconciler then offers it to the next one).
+                answer = mb.claim(e, self.identity)
+                if e.refused is not None:
+                    mb.count_refused(e.refused)
+                    log.warning("trainmedic: refused a command in %s's mailbox (entry %s): %s", self.target.label,
+                                e.entry_id, e.error)
+                elif e.command is None:
+                    log.warning("trainmedic: ignored a malformed command in %s's mailbox (entry %s): %s",
+                                self.target.label, e.entry_id, e.error)
+                elif answer == "ok":
                     self.ready.append(e)
+                    took = True
+                elif answer == "missing":
+                    # No record holds it: not a command the service made (or one long gone). Never applied.
+                    log.warning("trainmedic: ignored a command for unknown remediation %s", e.command.record_id)
+            if took:
+                self._notify()
             if len(entries) < 100:
                 return
 
-    # -- acking
-    def _ack_loop(self) -> None:
+    # -- writing acks, releases and reapply notes
+    def _send_loop(self) -> None:
         r = None
         backoff = FIRST_BACKOFF
-        batch: list[Ack] = []
+        batch: list[Outgoing] = []
         closing = False
         refusals = 0
         while True:
             if not batch:
-                item = self._acks.get()
+                item = self._out.get()
                 if item is None:
                     return
                 batch.append(item)
             while True:  # take whatever else is queued, so one round trip carries it all
                 try:
-                    item = self._acks.get_nowait()
+                    item = self._out.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:
@@ -184,7 +256,7 @@ class Inbox:
             try:
                 if r is None:
                     r = self._connect()
-                Mailbox(r, self.target).ack(batch)  # idempotent: a retried ack never overwrites a final one
+                self._write(Mailbox(r, self.target, self.verifier), batch)  # idempotent: safe to retry
                 batch, refusals = [], 0
                 backoff = FIRST_BACKOFF
                 self._up("ack")
@@ -216,3 +288,14 @@ class Inbox:
                 batch = []
             if closing and not batch:  # the close() sentinel was taken above: nothing more will come
                 return
+
+    @staticmethod
+    def _write(mb: Mailbox, batch: list[Outgoing]) -> None:
+        acks = [x for x in batch if isinstance(x, Ack)]
+        if acks:
+            mb.ack(acks)
+        for x in batch:
+            if isinstance(x, Release):
+                mb.release(x.record_id)
+            elif isinstance(x, Reapplied):
+                mb.reapply(x.record_id, x.index, x.at, x.step, x.by)

@@ -1,78 +1,116 @@
-"""A target's side of the mailbox: read commands past the cursor, claim them, ack them, heartbeat."""
+"""A target's side of the mailbox: read signed commands past the cursor, claim, ack, release, heartbeat."""
 from __future__ import annotations
 
 import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any
+from collections.abc import Iterable
 
-import redis
-
-from trainmedic.client.wire import keys, records as scripts
-from trainmedic.client.wire.protocol import Ack, Command, ProtocolError
-from trainmedic.client.wire.redis import run_scripts
+from ..wire import keys, records
+from ..wire.protocol import HEARTBEAT_TTL, Ack, Command, ProtocolError, dumps
+from ..wire.redis import run_scripts
+from ..wire.signing import Verifier
 
 log = logging.getLogger("trainmedic.mailbox")
 
-HEARTBEAT_TTL = 30.0
+CURSOR_TTL = 30 * 86400.0
+MAILBOX_MAXLEN = 100
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One mailbox entry: its stream id and the command, or why it is not one."""
+    """One mailbox entry: its stream id and the command, or why it is not one to apply."""
 
     entry_id: str
     command: Command | None
     error: str | None = None
+    # Why the entry was refused before anything else: "unsigned" or "bad_signature" (never applied).
+    refused: str | None = None
 
 
 class Mailbox:
     """Reads and acknowledges one target's commands; every call is one short Redis round trip."""
 
-    def __init__(self, r: redis.Redis, target: keys.Target):
+    def __init__(self, r: Any, target: keys.Target, verifier: Verifier | None = None):
         self.r = r
         self.target = target
-        self._claim = r.register_script(scripts.CLAIM)
-        self._ack = r.register_script(scripts.ACK)
+        self.verifier = verifier
+        self.scripts = records.Scripts(r)
 
     def cursor(self) -> str:
-        return self.r.get(keys.cursor(self.target)) or "0-0"
+        return str(self.r.get(keys.cursor(self.target)) or "0-0")
 
     def fetch(self, count: int = 100) -> list[Entry]:
-        """Entries after the saved cursor, oldest first."""
+        """Entries after the saved cursor, oldest first, each checked against the verify keys."""
         raw = self.r.xrange(keys.mailbox(self.target), "(" + self.cursor(), "+", count=count)
         return [self._entry(eid, fields) for eid, fields in raw]
 
-    def _entry(self, eid: str, fields: dict) -> Entry:
+    def _entry(self, eid: str, fields: dict[str, Any]) -> Entry:
+        text = fields.get("c", "")
+        if self.verifier is not None:
+            # The signature is checked over the exact bytes before they are even parsed.
+            sig = fields.get("s") or ""
+            if not sig:
+                return Entry(eid, None, "the command is not signed", refused="unsigned")
+            if not self.verifier.verify(text.encode(), sig):
+                return Entry(eid, None, "the command's signature does not match a verify key",
+                             refused="bad_signature")
         try:
-            cmd = Command.from_json(fields.get("c", ""))
-            if keys.target_of_record(cmd.record_id) != self.target:
-                raise ProtocolError("command is for another target")
+            cmd = Command.from_json(text)
+            if keys.target_of_record(cmd.record_id) != self.target or (cmd.kind, cmd.target) != (
+                    self.target.kind, self.target.name):
+                raise ProtocolError("the command is for another target")
             return Entry(eid, cmd)
         except (ProtocolError, ValueError) as exc:
             return Entry(eid, None, str(exc))
 
-    def claim(self, entry: Entry) -> bool:
-        """Move the cursor past entry and mark it delivered; False if someone already took it."""
-        ks = [keys.cursor(self.target)]
-        if entry.command is not None:
-            ks.append(keys.record(entry.command.record_id))
-        return bool(self._claim(keys=ks, args=[entry.entry_id]))
+    def claim(self, entry: Entry, identity: str) -> str:
+        """Move the cursor past the entry and take its record: 'ok' means ours to apply (lua/claim.lua)."""
+        rid = entry.command.record_id if entry.command is not None else None
+        return records.claim(self.scripts, self.target, entry.entry_id, rid, identity, time.time(), CURSOR_TTL)
 
-    def ack(self, acks: Iterable[Ack]) -> list:
+    def ack(self, acks: Iterable[Ack]) -> list[Any]:
         """Write acks into their records in one pipeline; returns the scripts' answers."""
-        now_ms = int(time.time() * 1000)
-        return run_scripts(self.r, [
-            (self._ack, [keys.record(a.record_id), keys.ack_stats(keys.target_of_record(a.record_id))],
-             [a.index, a.status, json.dumps(a.result, default=str), a.acked_at, a.acked_by, now_ms])
-            for a in acks])
+        acks = list(acks)
+        answers = run_scripts(self.r, records.ack_calls(self.scripts, acks, time.time()))
+        replayed = len({a.record_id for a in acks if a.replayed})
+        if replayed:
+            self.count_refused("replayed", replayed)
+        return answers
 
-    def heartbeat(self, info: dict, ttl: float = HEARTBEAT_TTL) -> None:
-        """Say this target is alive, with what it wants GET /targets to show."""
+    def release(self, record_id: str) -> bool:
+        """Hand a claimed command back, for the target's next process."""
+        return records.release(self.scripts, record_id, MAILBOX_MAXLEN)
+
+    def reapply(self, record_id: str, index: int, at: str, step: int | None, by: str) -> None:
+        records.reapply(self.scripts, record_id, index, at, step, by)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """The job's applied scale_lr / set_lr, oldest first."""
+        out = []
+        for raw in self.r.lrange(keys.ledger(self.target), 0, -1):
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and keys.RECORD_ID_RE.match(str(entry.get("rid", ""))):
+                out.append(entry)
+        return out
+
+    def count_refused(self, reason: str, n: int = 1) -> None:
+        """Count commands this applier refused (or answered without applying), for /metrics."""
+        self.r.hincrby(keys.REJECTED, reason, n)
+
+    def heartbeat(self, info: dict[str, Any], ttl: float = HEARTBEAT_TTL, first: bool = False) -> None:
+        """Say this target is alive, with what it wants GET /targets to show. A process's first heartbeat also
+        asks the reconciler to look at the target now: commands a process before it claimed and never
+        acknowledged are offered to this one (CONTRACT Guarantees 6)."""
         now = time.time()
         pipe = self.r.pipeline(transaction=False)
-        pipe.set(keys.heartbeat(self.target), json.dumps({**info, "last_seen": now}, default=str),
-                 px=int(ttl * 1000))
+        pipe.set(keys.heartbeat(self.target), dumps({**info, "last_seen": now}), px=int(ttl * 1000))
         pipe.zadd(keys.TARGETS, {self.target.label: now})
+        if first:
+            pipe.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
         pipe.execute()

@@ -5,19 +5,22 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from trainmedic.client.wire.protocol import ACK_STATUSES, Command, ProtocolError
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """A mailbox entry as every rank applies it; rank 0 decided expiry, so all ranks agree."""
+    """What every rank handles at the same step: a command (rank 0 decided its expiry, so all ranks agree),
+    or the job's ledger of sticky LR changes after a resume."""
 
     entry_id: str
     command: Command | None
     error: str | None
     expired: bool
+    ledger: tuple[dict[str, Any], ...] | None = None
 
 
 def env_rank() -> int:
@@ -42,7 +45,7 @@ class Ranks:
         self._payload = b""
 
     @classmethod
-    def detect(cls) -> "Ranks":
+    def detect(cls) -> Ranks:
         """The initialised process group, if any; never imports torch itself (no torch, no group)."""
         dist = sys.modules.get("torch.distributed")
         try:
@@ -79,7 +82,8 @@ class Ranks:
         torch, dist = self._tensors()
         if self.rank == 0:
             self._announced = take()
-            self._payload = json.dumps([[d.entry_id, d.command.to_json() if d.command else None, d.error, d.expired]
+            self._payload = json.dumps([[d.entry_id, d.command.to_json() if d.command else None, d.error, d.expired,
+                                         list(d.ledger) if d.ledger is not None else None]
                                         for d in self._announced]).encode() if self._announced else b""
             self._size.fill_(len(self._payload))
         dist.broadcast(self._size, 0)  # the whole cost of an idle sync: one 8-byte broadcast
@@ -95,16 +99,16 @@ class Ranks:
             buf = torch.empty(n, dtype=torch.uint8, device=self._device)
         dist.broadcast(buf, 0)  # synchronous, and only when there is a command
         out = []
-        for eid, text, err, expired in json.loads(bytes(buf.cpu().tolist()).decode()):
+        for eid, text, err, expired, ledger in json.loads(bytes(buf.cpu().tolist()).decode()):
             try:
                 cmd = Command.from_json(text) if text else None
             except ProtocolError as exc:
                 cmd, err = None, str(exc)
-            out.append(Delivery(eid, cmd, err, bool(expired)))
+            out.append(Delivery(eid, cmd, err, bool(expired), tuple(ledger) if ledger is not None else None))
         return out
 
     def finish(self) -> list[Delivery]:
-        """What rank 0 took from the inbox but no rank applied (a failed exchange); for acking as skipped."""
+        """What rank 0 took from the inbox but no rank applied (a failed exchange); to hand back."""
         announced, self._announced = self._announced, []
         return announced
 

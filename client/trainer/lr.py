@@ -1,17 +1,20 @@
 """Scheduler-safe learning-rate changes: scale every quantity a scheduler recomputes the LR from."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 # Per-group lists that schedulers derive the LR from: LRScheduler.base_lrs (LambdaLR, StepLR, the
-# closed forms behind step(epoch), SequentialLR milestones), CyclicLR.max_lrs, ReduceLROnPlateau.min_lrs,
-# and _last_lr so get_last_lr() tells the truth right after the change.
-_LIST_ATTRS = ("base_lrs", "max_lrs", "min_lrs", "_last_lr")
+# closed forms behind step(epoch), SequentialLR milestones), CyclicLR.max_lrs, and _last_lr so
+# get_last_lr() tells the truth right after the change.
+_LIST_ATTRS = ("base_lrs", "max_lrs", "_last_lr")
 # Param-group keys: initial_lr (a scheduler rebuilt on resume takes base_lrs from it; SequentialLR
 # resets to it), and OneCycleLR's initial_lr/max_lr/min_lr, which it interpolates between every step.
 _GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-# One number for every group (CosineAnnealingLR / WarmRestarts eta_min, ReduceLROnPlateau's default).
-_SCALAR_ATTRS = ("eta_min", "default_min_lr")
+# One number for every group that shapes the schedule (CosineAnnealingLR / WarmRestarts eta_min).
+_SCALAR_ATTRS = ("eta_min",)
+# A scheduler's own floors (ReduceLROnPlateau.min_lrs): the user's, never lowered, and never crossed by a
+# scale_lr either (CONTRACT scale_lr).
 
 
 def optimizers_of(optimizer: Any) -> list[Any]:
@@ -70,9 +73,9 @@ def _times(v: Any, f: float) -> Any:
     return v
 
 
-def _scale_group(group: dict, f: float) -> None:
+def _scale_group(group: dict[str, Any], f: float) -> None:
     for k in _GROUP_KEYS:
-        v = group.get(k)
+        v: Any = group.get(k)
         if _is_number(v):
             group[k] = v * f
         elif hasattr(v, "mul_") and hasattr(v, "dim") and v.dim() == 0:
@@ -103,7 +106,7 @@ def _rescale(opts: Sequence[Any], scheds: Iterable[Any], factors: Sequence[Seque
                 # A new list: SequentialLR shares its child's _last_lr list; scaling in place would do it twice.
                 setattr(s, attr, type(vals)(_times(v, f) for v, f in zip(vals, fs)))
         for attr in _SCALAR_ATTRS:
-            v = getattr(s, attr, None)
+            v: Any = getattr(s, attr, None)
             if _is_number(v) and fs:
                 # One value for all groups: exact when the factors agree, which they do unless min_lr
                 # held some groups back; then the smallest factor keeps eta_min below every group.
@@ -117,16 +120,29 @@ def _factor(lr: float, factor: float, min_lr: float) -> float:
     return factor
 
 
-def scale_lr(optimizer: Any, scheduler: Any, factor: float, min_lr: float = 0.0) -> dict:
-    """Every group's LR times factor, floored at min_lr, kept through the scheduler's later steps."""
+def _floors(o: Any, scheds: Sequence[Any], min_lr: float) -> list[float]:
+    """Per group of optimizer o: the higher of min_lr and its schedulers' own floors (min_lrs)."""
+    floors = [min_lr] * len(o.param_groups)
+    for s in scheds:
+        own = getattr(s, "min_lrs", None)
+        if _owner(s, [o]) is o and isinstance(own, (list, tuple)) and len(own) == len(floors):
+            floors = [max(f, float(v)) if _is_number(v) else f for f, v in zip(floors, own)]
+    return floors
+
+
+def scale_lr(optimizer: Any, scheduler: Any, factor: float, min_lr: float = 0.0) -> dict[str, Any]:
+    """Every group's LR times factor, floored at min_lr (and the scheduler's own floors), kept through the
+    scheduler's later steps."""
     opts = optimizers_of(optimizer)
+    scheds = schedulers_of(scheduler)
     old = current_lrs(opts)
-    factors = [[_factor(float(g["lr"]), factor, min_lr) for g in o.param_groups] for o in opts]
-    _rescale(opts, schedulers_of(scheduler), factors)
+    factors = [[_factor(float(g["lr"]), factor, floor) for g, floor in zip(o.param_groups, _floors(o, scheds, min_lr))]
+               for o in opts]
+    _rescale(opts, scheds, factors)
     return {"old_lr": old, "new_lr": current_lrs(opts), "factors": [f for fs in factors for f in fs]}
 
 
-def set_lr(optimizer: Any, scheduler: Any, lr: float) -> dict:
+def set_lr(optimizer: Any, scheduler: Any, lr: float) -> dict[str, Any]:
     """Every group's LR set to lr; the schedule is rescaled to go on from there."""
     opts = optimizers_of(optimizer)
     scheds = schedulers_of(scheduler)

@@ -1,6 +1,8 @@
 """Every Redis key and channel name trainmedic uses, built in one place."""
 from __future__ import annotations
 
+from typing import Any
+
 import re
 from dataclasses import dataclass
 
@@ -24,13 +26,13 @@ class Target:
     @property
     def tag(self) -> str:
         # Every key of one target shares this Redis Cluster hash tag, so scripts stay in one slot.
-        return "{%s:%s}" % (self.kind, self.name)
+        return f"{{{self.kind}:{self.name}}}"
 
     @property
     def label(self) -> str:
         return f"{self.kind}:{self.name}"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name or None}
 
 
@@ -58,12 +60,38 @@ def heartbeat(t: Target) -> str:
     return f"{PREFIX}{t.tag}:heartbeat"
 
 
+def record_prefix(t: Target) -> str:
+    """The part of a record key before its id (scripts build record keys of one target from it)."""
+    return f"{PREFIX}{t.tag}:rec:"
+
+
 def record(record_id: str) -> str:
-    return f"{PREFIX}{target_of_record(record_id).tag}:rec:{record_id}"
+    return record_prefix(target_of_record(record_id)) + record_id
 
 
 def episode(t: Target, playbook: str, fingerprint: str) -> str:
+    """Hash: the alert's open episode, its latest closed one (a tombstone) and its held records."""
     return f"{PREFIX}{t.tag}:episode:{playbook}:{fingerprint}"
+
+
+def obligation(t: Target, playbook: str, fingerprint: str) -> str:
+    """Hash: what on_resolved must undo for this alert, whichever episode changed it."""
+    return f"{PREFIX}{t.tag}:undo:{playbook}:{fingerprint}"
+
+
+def obligation_member(playbook: str, fingerprint: str) -> str:
+    """An obligation's name among its target's due items."""
+    return f"ob|{playbook}|{fingerprint}"
+
+
+def due_items(t: Target) -> str:
+    """Sorted set: the target's records and obligations the reconciler must look at, by due time (ms)."""
+    return f"{PREFIX}{t.tag}:due"
+
+
+def ledger(t: Target) -> str:
+    """List: the job's applied scale_lr / set_lr, oldest first, for resumes (Guarantees 5)."""
+    return f"{PREFIX}{t.tag}:ledger"
 
 
 def cooldown(t: Target, playbook: str) -> str:
@@ -84,9 +112,26 @@ def power_memory(node: str) -> str:
     return f"{PREFIX}{{node:{node}}}:power"
 
 
+def parse_label(label: str) -> Target | None:
+    """The target of a "kind:name" label, or None when it is not one."""
+    kind, _, name = label.partition(":")
+    if kind in TARGET_KINDS and TARGET_NAME_RE.match(name):
+        return Target(kind, name)
+    return None
+
+
 # Global keys (their own slot): the history index, pending approvals, live targets.
 HISTORY = PREFIX + "history"
 APPROVALS = PREFIX + "approvals"
 TARGETS = PREFIX + "targets"
 # Labels of targets that were ever sent a command: /metrics reads their backlog and ack stats.
 MAILBOXES = PREFIX + "mailboxes"
+# Target labels by the earliest due time (ms) of their due items: what the reconciler visits next.
+DUE = PREFIX + "due"
+# The reconcilers' lease: one of them ticks at a time (correct without it, just wasteful).
+RECONCILER_LEASE = PREFIX + "reconciler"
+# Written once into a keyspace; its absence later means Redis came back without trainmedic's data.
+EPOCH = PREFIX + "epoch"
+RESETS = PREFIX + "resets"
+# Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts.
+REJECTED = PREFIX + "rejected"

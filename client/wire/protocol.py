@@ -1,22 +1,42 @@
-"""The wire format between the service and appliers (training client, node agent): Command and Ack."""
+"""The wire format between the service and the appliers (training client, node agent): Command and Ack."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
-VERSION = 1
+VERSION = 2
 
-# Action statuses an applier may report; "pending" and "delivered" are the service's own.
+# Action statuses an applier may report; "pending", "delivered" and "lost" are the service's own.
 ACK_STATUSES = ("applied", "failed", "unsupported", "expired", "skipped")
+# A target is live while its heartbeat is this recent (GET /targets, metrics, the reconciler).
+LIVE_WINDOW = 60.0
+HEARTBEAT_TTL = 30.0
 
 
 def rfc3339(ts: float | None = None) -> str:
     """UTC timestamp in RFC 3339 with milliseconds."""
-    dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=timezone.utc)
+    dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON that refuses NaN and infinities (strict parsers reject them; records never hold them)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str)
+
+
+def finite(value: Any) -> Any:
+    """value with every non-finite float replaced by None (for results from handlers we do not control)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 class ProtocolError(ValueError):
@@ -29,12 +49,14 @@ class ActionCall:
 
     index: int
     action: str
-    params: dict = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    # An optional step that this target cannot apply is skipped (reason unsupported), not a failure.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
 class Command:
-    """What the service appends to a target's mailbox: the actions of one remediation."""
+    """What the service appends to a target's mailbox: the actions of one remediation, signed as bytes."""
 
     record_id: str
     kind: str
@@ -43,50 +65,65 @@ class Command:
     issued_at: float
     expires_at: float
     # Validated alert labels an action needs besides its params (e.g. gpu_id for power_limit).
-    context: dict = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
     # The alert's fingerprint, so the applier's log lines name the alert as the service's do ("" if none).
     fingerprint: str = ""
+    # What the applier fences on besides the record id: "fingerprint|episode start|playbook|stage|mode",
+    # so a resend that Redis turned into a new record is still not applied twice ("" for manual commands).
+    fence: str = ""
+    # The alert's startsAt (RFC 3339, "" if none): rollback_checkpoint restores from before it.
+    starts_at: str = ""
     v: int = VERSION
 
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) > self.expires_at
 
     def to_json(self) -> str:
-        return json.dumps({
+        """The exact bytes the service signs (as text)."""
+        return dumps({
             "v": self.v, "record_id": self.record_id, "kind": self.kind, "target": self.target,
-            "actions": [{"index": a.index, "action": a.action, "params": a.params} for a in self.actions],
+            "actions": [{"index": a.index, "action": a.action, "params": a.params, **({"optional": True}
+                         if a.optional else {})} for a in self.actions],
             "issued_at": self.issued_at, "expires_at": self.expires_at, "context": self.context,
-            "fingerprint": self.fingerprint,
-        }, separators=(",", ":"))
+            "fingerprint": self.fingerprint, "fence": self.fence, "starts_at": self.starts_at,
+        })
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Command":
+    def from_json(cls, text: str | bytes) -> Command:
         try:
-            d = json.loads(text)
+            d = json.loads(text, parse_constant=_refuse)
             if d.get("v") != VERSION:
                 raise ProtocolError(f"command version {d.get('v')!r} is not {VERSION}")
-            actions = tuple(
-                ActionCall(int(a["index"]), str(a["action"]), dict(a.get("params") or {}))
-                for a in d["actions"]
-            )
+            actions = tuple(ActionCall(int(a["index"]), str(a["action"]), dict(a.get("params") or {}),
+                                       a.get("optional") is True) for a in d["actions"])
             return cls(record_id=str(d["record_id"]), kind=str(d["kind"]), target=str(d["target"]),
-                       actions=actions, issued_at=float(d["issued_at"]),
-                       expires_at=float(d["expires_at"]), context=dict(d.get("context") or {}),
-                       fingerprint=str(d.get("fingerprint") or "")[:64])
+                       actions=actions, issued_at=float(d["issued_at"]), expires_at=float(d["expires_at"]),
+                       context=dict(d.get("context") or {}), fingerprint=str(d.get("fingerprint") or "")[:64],
+                       fence=str(d.get("fence") or "")[:512], starts_at=str(d.get("starts_at") or "")[:64])
         except ProtocolError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"malformed command: {exc}") from None
 
 
+def _refuse(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
 @dataclass(frozen=True)
 class Ack:
-    """An applier's answer for one action of a command."""
+    """An applier's answer for one action of a command.
+
+    `reason` is a short code (no_cuda, dry_run, unsupported, already_drained, ...) or None; `result` is what
+    the action reports, with "error" (one sentence) when it failed and "message" when it was skipped.
+    """
 
     record_id: str
     index: int
     action: str
     status: str
-    result: dict
+    result: dict[str, Any]
     acked_by: str
     acked_at: str = field(default_factory=rfc3339)
+    reason: str | None = None
+    replayed: bool = False

@@ -1,92 +1,399 @@
-"""Lua scripts that touch a record together with its target's mailbox keys (all in one hash slot)."""
+"""The remediation record in one place: its statuses, its shape, reading it, and the scripts that write it.
+
+A record is one Redis hash in its target's hash slot. Every writer goes through a Lua script of
+`lua/` (each names its KEYS and ARGV at the top), called through the typed wrappers below; every reader
+goes through `from_hash`. The OpenAPI schema is derived from `SCHEMA`.
+"""
 from __future__ import annotations
 
-# Recompute a record's status from its actions (CONTRACT: applied / partially_applied / failed), plus
-# expired when every action expired and skipped when every action had nothing to do (a dry-run agent,
-# empty_cache without CUDA): neither is a failure. Left unchanged while any action is pending or delivered.
-RECORD_STATUS = r"""
-local function settle(rec)
-  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
-  local applied, expired, skipped, open = 0, 0, 0, 0
-  for i = 0, n - 1 do
-    local st = redis.call('HGET', rec, 'a:' .. i .. ':status')
-    if st == 'applied' then applied = applied + 1
-    elseif st == 'expired' then expired = expired + 1
-    elseif st == 'skipped' then skipped = skipped + 1
-    elseif st == 'pending' or st == 'delivered' then open = open + 1 end
-  end
-  if open > 0 or n == 0 then return redis.call('HGET', rec, 'status') end
-  local status = 'failed'
-  if applied == n then status = 'applied'
-  elseif applied > 0 then status = 'partially_applied'
-  elseif expired == n then status = 'expired'
-  elseif skipped == n then status = 'skipped' end
-  redis.call('HSET', rec, 'status', status)
-  return status
-end
-"""
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+from collections.abc import Iterable
 
-# KEYS[1] cursor, KEYS[2] record (optional); ARGV[1] stream entry id.
-# Moves the target's cursor past the entry and marks its actions delivered; 0 if already claimed.
-CLAIM = r"""
-local function older(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
-  return am < bm or (am == bm and as <= bs)
-end
-local cur = redis.call('GET', KEYS[1]) or '0-0'
-if older(ARGV[1], cur) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
-  local n = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
-  for i = 0, n - 1 do
-    local f = 'a:' .. i .. ':status'
-    if redis.call('HGET', KEYS[2], f) == 'pending' then redis.call('HSET', KEYS[2], f, 'delivered') end
-  end
-end
-return 1
-"""
+from . import keys
+from .protocol import ACK_STATUSES, Ack, dumps, rfc3339
 
+RECORD_STATUSES = ("pending_approval", "dispatched", "applied", "partially_applied", "failed", "lost",
+                   "skipped", "dry_run", "expired")
+ACTION_STATUSES = ("pending", "delivered", *ACK_STATUSES, "lost")
+OPEN_ACTION = ("pending", "delivered")
+# Statuses after which a record changes no more (its outcome still may).
+FINAL_RECORD = ("applied", "partially_applied", "failed", "lost", "skipped", "dry_run", "expired")
+OUTCOMES = ("pending", "effective", "ineffective", "unknown")
+MODES = ("firing", "resolved", "timeout", "manual")
+REQUESTERS = ("webhook", "operator", "reconciler")
+
+# Annotations are free text of any size: a record keeps up to this much of them (labels are kept whole).
+ANNOTATION_VALUE_MAX = 1024
+ANNOTATIONS_MAX = 4096
 # Upper bounds (seconds) of the dispatch-to-ack latency histogram kept in each target's ack stats hash.
 ACK_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-ACK_STATS_TTL_MS = 30 * 86400 * 1000  # refreshed by every ack
+STATS_TTL_MS = 30 * 86400 * 1000
+LEDGER_MAX = 200
+REAPPLIED_MAX = 20
 
 
-def _lua_buckets() -> str:
-    return "{" + ", ".join(repr(b) for b in ACK_LATENCY_BUCKETS) + "}"
+# -- the scripts ----------------------------------------------------------------------------------------
+
+@cache
+def lua(name: str) -> str:
+    """The text of lua/NAME.lua, with the shared functions of lua/common.lua before it."""
+    folder = resources.files(__package__).joinpath("lua")
+    body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return folder.joinpath("common.lua").read_text(encoding="utf-8") + "\n" + body
 
 
-# KEYS[1] record, KEYS[2] the target's ack stats (optional: the same slot);
-# ARGV index, status, result json, acked_at, acked_by, now_ms, stats ttl ms (optional).
-# Writes one action's ack unless it already has a final status; returns {status, latency ms or -1,
-# record status}. Each first ack also counts in the stats hash ("n|ACTION|STATUS"), and its latency in
-# the bucket "b|ACTION|I" (I: index of the first bound it fits, or "inf"), "s|ACTION" (sum of seconds):
-# acks are written by trainers and agents, never by the service, so /metrics reads them from here.
-ACK = RECORD_STATUS + r"""
-local BUCKETS = """ + _lua_buckets() + r"""
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local p = 'a:' .. ARGV[1] .. ':'
-local st = redis.call('HGET', KEYS[1], p .. 'status')
-if st ~= 'pending' and st ~= 'delivered' then return {st, '', redis.call('HGET', KEYS[1], 'status')} end
-redis.call('HSET', KEYS[1], p .. 'status', ARGV[2], p .. 'result', ARGV[3], p .. 'acked_at', ARGV[4],
-           p .. 'acked_by', ARGV[5])
-local sent = redis.call('HGET', KEYS[1], 'dispatched_ms') or ''
-local latency = -1
--- Clocks of service and trainer may disagree by a little: never a negative latency.
-if sent ~= '' then latency = math.max(0, tonumber(ARGV[6]) - tonumber(sent)) end
-if KEYS[2] then
-  local action = string.match(redis.call('HGET', KEYS[1], p .. 'spec') or '', '"action":%s*"([^"]*)"') or 'unknown'
-  redis.call('HINCRBY', KEYS[2], 'n|' .. action .. '|' .. ARGV[2], 1)
-  if latency >= 0 then
-    local seconds, slot = latency / 1000, 'inf'
-    for i, le in ipairs(BUCKETS) do
-      if seconds <= le then slot = tostring(i - 1); break end
-    end
-    redis.call('HINCRBY', KEYS[2], 'b|' .. action .. '|' .. slot, 1)
-    redis.call('HINCRBYFLOAT', KEYS[2], 's|' .. action, seconds)
-  end
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7] or '""" + str(ACK_STATS_TTL_MS) + r"""'))
-end
-return {ARGV[2], tostring(latency), settle(KEYS[1])}
-"""
+def ms(seconds: float) -> int:
+    """Whole milliseconds (what the scripts count in)."""
+    return int(seconds * 1000)
+
+
+SCRIPTS = ("decide", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog")
+
+
+class Scripts:
+    """The record's scripts registered on one Redis client (EVALSHA, loaded again after a restart)."""
+
+    def __init__(self, r: Any):
+        for name in SCRIPTS:
+            setattr(self, name, r.register_script(lua(name)))
+
+    decide: Any
+    approve: Any
+    claim: Any
+    ack: Any
+    reconcile: Any
+    release: Any
+    reapply: Any
+    backlog: Any
+
+
+Call = tuple[Any, list[str], list[Any]]
+
+
+# -- writing --------------------------------------------------------------------------------------------
+
+def capped_alert(alert: dict[str, Any]) -> dict[str, Any]:
+    """The alert as a record keeps it: labels whole, annotations up to a few KB, `truncated` when cut."""
+    notes, used, truncated = {}, 0, False
+    for k, v in (alert.get("annotations") or {}).items():
+        if used >= ANNOTATIONS_MAX:
+            truncated = True
+            break
+        room = min(ANNOTATION_VALUE_MAX, ANNOTATIONS_MAX - used)
+        if len(v) > room:
+            v, truncated = v[:room], True
+        notes[k] = v
+        used += len(k) + len(v)
+    return {**alert, "annotations": notes, "truncated": truncated}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of a record as written into it: what the applier is asked, and how the record shows it."""
+
+    action: str
+    params: dict[str, Any]
+    optional: bool = False
+    when: str | None = None
+
+    def spec(self) -> str:
+        d: dict[str, Any] = {"action": self.action, "params": self.params}
+        if self.optional:
+            d["optional"] = True
+        if self.when:
+            d["when"] = self.when
+        return dumps(d)
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """Everything DECIDE needs to guard, record and dispatch one (alert, playbook) pair."""
+
+    rid: str
+    target: keys.Target
+    playbook: str
+    mode: str
+    steps: tuple[Step, ...]
+    alert: dict[str, Any]
+    episode_start: str
+    fingerprint: str
+    now: float
+    expire_after: float
+    command: str
+    signature: str
+    context: dict[str, Any]
+    detail: str = ""
+    forced_reason: str = ""
+    cooldown: float = 0.0
+    budget: tuple[int, float] = (0, 0.0)
+    approval: bool = False
+    approval_timeout: float = 3600.0
+    dry_run: bool = False
+    undo: bool = False
+    record_ttl: float = 30 * 86400.0
+    episode_ttl: float = 2 * 86400.0
+    obligation_due: float = 12 * 3600.0
+    mailbox_maxlen: int = 100
+    requested_by: str = "webhook"
+    fence: str = ""
+    escalation: dict[str, Any] | None = None
+
+    def call(self, scripts: Scripts) -> Call:
+        """The DECIDE call (script, keys, args) for run_scripts."""
+        t = self.target
+        fields = {
+            "id": self.rid, "created_at": rfc3339(self.now), "playbook": self.playbook, "n": len(self.steps),
+            "alert": dumps(capped_alert(self.alert)), "target": dumps(t.as_dict()), "mode": self.mode,
+            "detail": self.detail, "context": dumps(self.context), "expire_after": self.expire_after,
+            "requested_by": self.requested_by, "fence": self.fence,
+        }
+        if self.escalation:
+            fields["escalation"] = dumps(self.escalation)
+        for i, st in enumerate(self.steps):
+            fields[f"a:{i}:spec"] = st.spec()
+        now_ms = ms(self.now)
+        args = {
+            "now": now_ms, "at": rfc3339(self.now), "mode": self.mode, "start": self.episode_start,
+            "rid": self.rid, "forced_reason": self.forced_reason, "cooldown_ms": ms(self.cooldown),
+            "budget_count": self.budget[0], "budget_window_ms": ms(self.budget[1]), "approval": int(self.approval),
+            "dry": int(self.dry_run), "undo": int(self.undo), "record_ttl_ms": ms(self.record_ttl),
+            "episode_ttl_ms": ms(self.episode_ttl), "maxlen": self.mailbox_maxlen,
+            "channel": keys.wake_channel(t), "command": self.command, "signature": self.signature,
+            "expires_ms": now_ms + ms(self.expire_after), "approve_by_ms": now_ms + ms(self.approval_timeout),
+            "ob_member": keys.obligation_member(self.playbook, self.fingerprint),
+            "ob_due_ms": now_ms + ms(self.obligation_due), "n": len(self.steps), "fields": fields,
+        }
+        ks = [keys.record(self.rid), keys.mailbox(t), keys.episode(t, self.playbook, self.fingerprint),
+              keys.cooldown(t, self.playbook), keys.budget(t, self.playbook),
+              keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
+        return scripts.decide, ks, [dumps(args)]
+
+
+def approve_call(scripts: Scripts, rid: str, *, verb: str, now: float, by: str, comment: str, command: str,
+                 signature: str, expires_at: float, playbook: str, fingerprint: str, firing: bool, undo: bool,
+                 obligation_due: float, episode_ttl: float, maxlen: int) -> Call:
+    """The APPROVE call: release (verb approve) or refuse (verb reject) a held record."""
+    t = keys.target_of_record(rid)
+    args = {"now": int(now * 1000), "at": rfc3339(now), "verb": verb, "by": by, "comment": comment,
+            "maxlen": maxlen, "channel": keys.wake_channel(t), "command": command, "signature": signature,
+            "expires_ms": int(expires_at * 1000), "undo": int(undo and firing),
+            "ob_member": keys.obligation_member(playbook, fingerprint),
+            "ob_due_ms": int((now + obligation_due) * 1000), "episode_ttl_ms": int(episode_ttl * 1000), "rid": rid}
+    ks = [keys.record(rid), keys.mailbox(t), keys.episode(t, playbook, fingerprint),
+          keys.obligation(t, playbook, fingerprint), keys.due_items(t)]
+    return scripts.approve, ks, [dumps(args)]
+
+
+# How long after a claim the reconciler looks whether the claiming process is still the one alive.
+CLAIM_RECHECK = 10.0
+
+
+def claim(scripts: Scripts, target: keys.Target, entry_id: str, record_id: str | None, identity: str,
+          now: float, cursor_ttl: float) -> str:
+    """Take a mailbox entry: 'ok', 'taken', 'missing', 'expired' or 'gone' (see lua/claim.lua)."""
+    # A malformed entry names no record: it still moves the cursor, under a key that never exists.
+    rec = keys.record(record_id) if record_id else keys.record_prefix(target) + "-"
+    answer = scripts.claim(keys=[keys.cursor(target), rec, keys.due_items(target)],
+                           args=[entry_id, identity, ms(now), ms(cursor_ttl), rfc3339(now), record_id or "-",
+                                 ms(now + CLAIM_RECHECK)])
+    return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+
+def ack_calls(scripts: Scripts, acks: Iterable[Ack], now: float) -> list[Call]:
+    """One ACK call per action answer."""
+    from .actions import CATALOGUE
+
+    calls = []
+    for a in acks:
+        t = keys.target_of_record(a.record_id)
+        spec = CATALOGUE.get(a.action)
+        args = {"index": a.index, "status": a.status, "reason": a.reason or "", "result": dumps(a.result),
+                "acked_at": a.acked_at, "acked_by": a.acked_by, "now": int(now * 1000), "replayed": int(a.replayed),
+                "stats_ttl_ms": STATS_TTL_MS, "ledger": int(bool(spec and spec.sticky and t.kind == "job")),
+                "ledger_max": LEDGER_MAX, "rid": a.record_id, "buckets": list(ACK_LATENCY_BUCKETS)}
+        calls.append((scripts.ack, [keys.record(a.record_id), keys.ack_stats(t), keys.ledger(t), keys.due_items(t)],
+                      [dumps(args)]))
+    return calls
+
+
+def release(scripts: Scripts, record_id: str, maxlen: int) -> bool:
+    """Hand a claimed, unapplied command back to the target's next process."""
+    t = keys.target_of_record(record_id)
+    return bool(scripts.release(keys=[keys.record(record_id), keys.mailbox(t)],
+                                args=[keys.wake_channel(t), maxlen, record_id]))
+
+
+def reapply(scripts: Scripts, record_id: str, index: int, at: str, step: int | None, by: str) -> Any:
+    """Note on an action that a resumed job applied it again."""
+    return scripts.reapply(keys=[keys.record(record_id)],
+                           args=[index, dumps({"at": at, "step": step, "by": by}), REAPPLIED_MAX])
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What RECONCILE did for one target."""
+
+    next_due_ms: int | None
+    changed: tuple[tuple[str, str], ...]
+    obligations: tuple[str, ...]
+
+
+def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float, recheck: float, maxlen: int,
+              limit: int = 200) -> Reconciled:
+    """Bring one target's due records to the truth (see lua/reconcile.lua)."""
+    args = {"now": int(now * 1000), "at": rfc3339(now), "grace_ms": int(grace * 1000),
+            "recheck_ms": int(recheck * 1000), "maxlen": maxlen, "channel": keys.wake_channel(target),
+            "rec_prefix": keys.record_prefix(target), "limit": limit}
+    nxt, changed, obligations = scripts.reconcile(
+        keys=[keys.due_items(target), keys.mailbox(target), keys.heartbeat(target)], args=[dumps(args)])
+    flat = [str(x) for x in changed]
+    due = int(float(nxt))
+    return Reconciled(None if due < 0 else due, tuple(zip(flat[::2], flat[1::2])), tuple(map(str, obligations)))
+
+
+# -- reading --------------------------------------------------------------------------------------------
+
+def loads_or(text: str | None, default: Any = None) -> Any:
+    return json.loads(text) if text else default
+
+
+def actions_of(h: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's actions, as the contract shows them."""
+    out = []
+    for i in range(int(h.get("n") or 0)):
+        spec = json.loads(h[f"a:{i}:spec"])
+        a: dict[str, Any] = {
+            "action": spec["action"], "params": spec["params"], "status": h.get(f"a:{i}:status", "pending"),
+            "reason": h.get(f"a:{i}:reason") or None, "result": loads_or(h.get(f"a:{i}:result")),
+            "acked_at": h.get(f"a:{i}:acked_at") or None, "acked_by": h.get(f"a:{i}:acked_by") or None,
+            "reapplied": loads_or(h.get(f"a:{i}:reapplied"), []),
+        }
+        if spec.get("optional"):
+            a["optional"] = True
+        if spec.get("when"):
+            a["when"] = spec["when"]
+        out.append(a)
+    return out
+
+
+def from_hash(h: dict[str, Any]) -> dict[str, Any]:
+    """The contract's record from its Redis hash."""
+    rec: dict[str, Any] = {
+        "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
+        "reason": h.get("reason") or None, "alert": json.loads(h["alert"]), "target": json.loads(h["target"]),
+        "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
+        "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
+        "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
+        "approval_comment": h.get("approval_comment") or None, "outcome": loads_or(h.get("outcome")),
+        "escalation": loads_or(h.get("escalation"), {"stage": 0, "parent": None, "next": None}),
+        "silence_id": h.get("silence_id") or None, "silence_error": h.get("silence_error") or None,
+    }
+    if h.get("detail"):
+        rec["detail"] = h["detail"]
+    if h.get("mode") in ("resolved", "timeout"):
+        rec["on_resolved"] = True
+    if h.get("approve_by") and h["status"] == "pending_approval":
+        rec["approval_expires_at"] = rfc3339(int(h["approve_by"]) / 1000)
+    if h.get("expires_ms") and h["status"] == "dispatched":
+        rec["expires_at"] = rfc3339(int(h["expires_ms"]) / 1000)
+    return rec
+
+
+def get(r: Any, record_id: str) -> dict[str, Any] | None:
+    """One record, or None (also for a malformed id)."""
+    try:
+        key = keys.record(record_id)
+    except ValueError:
+        return None
+    h = r.hgetall(key)
+    return from_hash(h) if h else None
+
+
+# -- the shape, for the OpenAPI description --------------------------------------------------------------
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+_STR = {"type": "string"}
+_TIME = {"type": "string", "format": "date-time"}
+_OBJ = {"type": "object", "additionalProperties": True}
+SCHEMA: dict[str, dict[str, Any]] = {
+    "RecordAction": {
+        "type": "object",
+        "required": ["action", "params", "status", "reason", "result", "acked_at", "acked_by", "reapplied"],
+        "properties": {
+            "action": {"type": "string", "example": "scale_lr"},
+            "params": _OBJ,
+            "status": {"type": "string", "enum": list(ACTION_STATUSES)},
+            "reason": _nullable({**_STR, "description": "unsupported, target_cannot, condition_false, "
+                                                        "condition_unknown, no_cuda, dry_run, expired, lost, ..."}),
+            "result": _nullable({**_OBJ, "description": 'What the applier reported, e.g. {"old_lr": [..], '
+                                                        '"new_lr": [..], "step": 1234}'}),
+            "acked_at": _nullable(_TIME),
+            "acked_by": _nullable({**_STR, "description": "host:pid[:rank]"}),
+            "reapplied": {"type": "array", "items": _OBJ,
+                          "description": "Each time a resumed or rolled-back job applied it again"},
+            "optional": {"type": "boolean"},
+            "when": {"type": "string"},
+        },
+    },
+    "Record": {
+        "type": "object",
+        "required": ["id", "created_at", "playbook", "status", "reason", "alert", "target", "actions",
+                     "requested_by", "approved_by", "approved_at", "rejected_by", "rejected_at",
+                     "approval_comment", "outcome", "escalation", "silence_id", "silence_error"],
+        "properties": {
+            "id": {"type": "string", "pattern": keys.RECORD_ID_RE.pattern.replace("\\Z", "$")},
+            "created_at": _TIME,
+            "playbook": _STR,
+            "status": {"type": "string", "enum": list(RECORD_STATUSES)},
+            "reason": _nullable({**_STR, "description": "Why it was skipped or expired: cooldown, budget_exhausted, "
+                                                        "no_target, bad_label, rejected, resolved_not_notified, "
+                                                        "no_live_target, ..."}),
+            "detail": _STR,
+            "on_resolved": {"type": "boolean", "description": "true for the on_resolved actions of a resolved alert"},
+            "approval_expires_at": _TIME,
+            "expires_at": _TIME,
+            "alert": {"$ref": "#/components/schemas/RecordAlert"},
+            "target": {"$ref": "#/components/schemas/Target"},
+            "actions": {"type": "array", "items": {"$ref": "#/components/schemas/RecordAction"}},
+            "requested_by": _nullable({"type": "string", "enum": list(REQUESTERS)}),
+            "approved_by": _nullable(_STR),
+            "approved_at": _nullable(_TIME),
+            "rejected_by": _nullable(_STR),
+            "rejected_at": _nullable(_TIME),
+            "approval_comment": _nullable(_STR),
+            "outcome": _nullable({
+                "type": "object", "required": ["status"],
+                "properties": {"status": {"type": "string", "enum": list(OUTCOMES)},
+                               "resolved_at": _nullable(_TIME),
+                               "time_to_resolve_s": _nullable({"type": "number"})}}),
+            "escalation": {"type": "object", "required": ["stage", "parent", "next"],
+                           "properties": {"stage": {"type": "integer", "minimum": 0},
+                                          "parent": _nullable(_STR), "next": _nullable(_STR)}},
+            "silence_id": _nullable(_STR),
+            "silence_error": _nullable(_STR),
+        },
+    },
+    "RecordAlert": {
+        "type": "object",
+        "required": ["alertname", "status", "fingerprint", "starts_at", "labels", "annotations", "generator_url",
+                     "truncated"],
+        "properties": {
+            "alertname": _STR,
+            "status": {"type": "string", "enum": ["firing", "resolved"]},
+            "fingerprint": _STR,
+            "starts_at": _STR,
+            "ends_at": _STR,
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            "generator_url": _STR,
+            "truncated": {"type": "boolean", "description": "true when annotations were cut to a few KB"},
+        },
+    },
+}

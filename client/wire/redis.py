@@ -20,7 +20,7 @@ def redis_url(url: str | None = None) -> str:
     return url
 
 
-def connect(url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **kw: Any) -> redis.Redis:
+def connect(url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **kw: Any) -> Any:
     """A client for the URL; a node of a Redis Cluster gives a cluster client (detected, not configured)."""
     url = redis_url(url)
     opts = dict(socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=True, **kw)
@@ -38,7 +38,7 @@ def connect(url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **kw: Any)
     return r
 
 
-def run_scripts(r: Any, calls: list[tuple[Any, list, list]]) -> list:
+def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
     """EVALSHA each (script, keys, args) in one non-transactional pipeline; returns their answers.
 
     Works on a single Redis and on a cluster alike. A script a node does not know yet (NOSCRIPT: a fresh or
@@ -52,7 +52,7 @@ def run_scripts(r: Any, calls: list[tuple[Any, list, list]]) -> list:
         # execute_command, not pipe.evalsha: redis-py blocks the latter on cluster pipelines, though
         # EVALSHA routes fine by its keys (all of one call's keys share a hash slot).
         pipe.execute_command("EVALSHA", script.sha, len(ks), *ks, *args)
-    answers = pipe.execute(raise_on_error=False)
+    answers: list[Any] = pipe.execute(raise_on_error=False)
     missing = [i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)]
     if missing:
         for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():

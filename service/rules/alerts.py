@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from trainmedic.service.errors import BadRequest
 
@@ -33,11 +34,11 @@ class Alert:
     def alertname(self) -> str:
         return self.labels.get("alertname", "")
 
-
     def as_dict(self) -> dict:
+        """The alert as a record shows it (records.capped_alert caps the annotations)."""
         return {"alertname": self.alertname, "status": self.status, "fingerprint": self.fingerprint,
-                "starts_at": self.starts_at, "labels": dict(self.labels),
-                "annotations": dict(self.annotations)}
+                "starts_at": self.starts_at, "ends_at": self.ends_at, "labels": dict(self.labels),
+                "annotations": dict(self.annotations), "generator_url": self.generator_url}
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class AlertGroup:
     external_url: str = ""
 
 
-def _normalise_time(text: str) -> str:
+def episode_start(text: str) -> str:
+    """An RFC 3339 time in UTC to the second: the episode's start (ValueError for a time that is not one)."""
     m = _TIME.match(text)
     if not m:
         raise ValueError(text)
@@ -61,8 +63,14 @@ def _normalise_time(text: str) -> str:
     zone = m.group(3)
     if zone == "Z":  # what Alertmanager sends: no arithmetic needed
         return t + "Z"
-    offset = timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
-    utc = dt - offset if zone[0] == "+" else dt + offset
+    hours, minutes = int(zone[1:3]), int(zone[4:6])
+    if hours > 23 or minutes > 59:
+        raise ValueError(text)
+    offset = timedelta(hours=hours, minutes=minutes)
+    try:
+        utc = dt - offset if zone[0] == "+" else dt + offset
+    except OverflowError:  # beyond year 9999 (or before year 1) once in UTC
+        raise ValueError(text) from None
     return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -95,7 +103,7 @@ def parse_alert(d: Any, where: str) -> Alert:
         raise BadRequest(f"{where}.labels must include alertname")
     starts_at = _str(d, "startsAt", where)
     try:
-        episode_start = _normalise_time(starts_at)
+        start = episode_start(starts_at)
     except ValueError:
         raise BadRequest(f"{where}.startsAt is not an RFC 3339 time") from None
     fingerprint = _str(d, "fingerprint", where, required=False)
@@ -106,7 +114,7 @@ def parse_alert(d: Any, where: str) -> Alert:
         raise BadRequest(f"{where}.fingerprint must be 1 to 64 letters or digits")
     return Alert(status=status, labels=labels, annotations=_str_map(d.get("annotations"), f"{where}.annotations"),
                  starts_at=starts_at, ends_at=_str(d, "endsAt", where, required=False),
-                 fingerprint=fingerprint, episode_start=episode_start,
+                 fingerprint=fingerprint, episode_start=start,
                  generator_url=_str(d, "generatorURL", where, required=False))
 
 

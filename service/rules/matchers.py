@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$', re.S)
 _UNQUOTED = re.compile(r'^[^"\'{},=~!\s]*$')
@@ -42,7 +42,8 @@ def parse_matcher(text: object) -> Matcher:
         raise MatcherError(f"matcher must be a string like alertname=\"X\", not {text!r}")
     m = _MATCHER.match(text)
     if not m:
-        raise MatcherError(f"bad matcher {text!r}: expected name=\"value\", name!=\"value\", name=~\"re\" or name!~\"re\"")
+        raise MatcherError(f"bad matcher {text!r}: expected name=\"value\", name!=\"value\", name=~\"re\" or "
+                           'name!~"re"')
     name, op, raw = m.groups()
     if raw.startswith('"'):
         try:

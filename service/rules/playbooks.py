@@ -5,13 +5,15 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 import yaml
 
 from trainmedic.client.wire.actions import CATALOGUE, ParamError
 from trainmedic.client.wire.durations import parse_duration
 from trainmedic.client.wire.keys import TARGET_KINDS
+from trainmedic.client.wire.records import Step
 
 from trainmedic.service.rules.matchers import Matcher, MatcherError, parse_matcher
 
@@ -19,15 +21,9 @@ from trainmedic.service.rules.matchers import Matcher, MatcherError, parse_match
 SHIPPED = Path(str(resources.files("trainmedic.playbooks")))
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FIELDS = ("name", "matchers", "target", "actions", "on_resolved", "cooldown", "max_runs", "approval",
-           "approval_timeout", "dry_run", "expire_after", "description")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One action of a playbook with its (validated) parameters as written."""
-
-    action: str
-    params: Mapping[str, Any]
+           "approval_timeout", "dry_run", "expire_after", "resolve_timeout", "description")
+# Keys an action item may carry beside its one action key.
+_STEP_KEYS = ("optional", "when")
 
 
 @dataclass(frozen=True)
@@ -45,6 +41,8 @@ class Playbook:
     approval_timeout: float = 3600.0
     dry_run: bool = False
     expire_after: float = 3600.0
+    # Without a resolve (Alertmanager never sent it), on_resolved runs this long after the last firing.
+    resolve_timeout: float = 12 * 3600.0
     description: str = ""
     source: str = ""
 
@@ -110,10 +108,18 @@ def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: st
         return ()
     steps = []
     for item in node.value:
+        extra: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         if isinstance(item, yaml.ScalarNode):
             name, params_node = str(_scalar(loader, item)), None
-        elif isinstance(item, yaml.MappingNode) and len(item.value) == 1:
-            name, params_node = str(item.value[0][0].value), item.value[0][1]
+        elif isinstance(item, yaml.MappingNode):
+            pairs = [(k, v) for k, v in item.value if isinstance(k, yaml.ScalarNode)]
+            extra = {k.value: (k, v) for k, v in pairs if k.value in _STEP_KEYS}
+            named = [(k, v) for k, v in pairs if k.value not in _STEP_KEYS]
+            if len(named) != 1 or len(pairs) != len(item.value):
+                p.add(item, f"each item of {where} is one action, optionally with optional: or when: beside it: "
+                            "`- scale_lr: {factor: 0.5}`")
+                continue
+            name, params_node = str(named[0][0].value), named[0][1]
         else:
             p.add(item, f"each item of {where} is one action: `- scale_lr: {{factor: 0.5}}`")
             continue
@@ -131,8 +137,20 @@ def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: st
             # Say which action a bare "factor must be a number" belongs to.
             p.add(params_node or item, msg if name in msg else f"{name}: {msg}")
             continue
-        steps.append(Step(name, dict(params or {})))
+        optional = _bool(loader, extra["optional"][1], "optional", p) if "optional" in extra else False
+        when = None
+        if "when" in extra:
+            when = _when(loader, extra["when"][1], p)
+        steps.append(Step(name, dict(params or {}), optional, when))
     return tuple(steps)
+
+
+def _when(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> str | None:
+    value = _scalar(loader, node)
+    if not isinstance(value, str) or not value.strip():
+        p.add(node, "when must be a PromQL expression (text)")
+        return None
+    return value.strip()
 
 
 def _duration(loader: yaml.SafeLoader, node: yaml.Node, field: str, p: _Problems) -> float | None:
@@ -183,7 +201,7 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
     actions = _steps(loader, fields["actions"][1], kind, "actions", p) if "actions" in fields else ()
     on_resolved = _steps(loader, fields["on_resolved"][1], kind, "on_resolved", p) if "on_resolved" in fields else ()
     opts: dict[str, Any] = {}
-    for field in ("cooldown", "approval_timeout", "expire_after"):
+    for field in ("cooldown", "approval_timeout", "expire_after", "resolve_timeout"):
         if field in fields:
             opts[field] = _duration(loader, fields[field][1], field, p)
             if field != "cooldown" and opts[field] is not None and opts[field] <= 0:

@@ -1,119 +1,140 @@
-"""History, records, manual triggers, approvals, targets and probes."""
+"""History, records, manual triggers, ad-hoc commands, approvals, targets and probes."""
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, jsonify, request
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.client.wire.actions import CATALOGUE, ParamError
+from trainmedic.client.wire import records
+from trainmedic.client.wire.durations import parse_duration
+from trainmedic.client.wire.records import Step
 
-from trainmedic.service.rules import alerts
-from trainmedic.service.decide import dispatch
-from trainmedic.service import history
-from trainmedic.service.web.auth import write_endpoint
-from trainmedic.service.errors import BadRequest, Conflict, NotFound, Unavailable
-from trainmedic.service.rules.targets import resolve
-from trainmedic.service.web.webhook import read_json
+from .. import history
+from ..decide import plan
+from ..errors import BadRequest, Conflict, NotFound, Unavailable
+from ..rules.playbooks import Playbook
+from .auth import operator_endpoint
+from .common import ext, live_targets, read_json
 
 bp = Blueprint("api", __name__)
-LIVE_WINDOW = 60.0
-
-
-def _ext() -> Any:
-    return current_app.extensions["trainmedic"]
+MAX_COMMENT = 1000
 
 
 @bp.get("/history")
 def list_history() -> Any:
-    q = history.Query.from_args(request.args)
-    _ext().dispatcher.expire_approvals()
-    items, nxt = history.page(_ext().redis, q)
+    items, nxt = history.page(ext().redis, history.Query.from_args(request.args))
     return jsonify({"items": items, "next": nxt})
 
 
 @bp.get("/remediations/<rid>")
 def get_remediation(rid: str) -> Any:
-    rec = history.get(_ext().redis, rid)
+    rec = records.get(ext().redis, rid)
     if rec is None:
         raise NotFound(f"no remediation with id {rid!r}")
-    if rec["status"] == "pending_approval":
-        # A record whose approval time has passed must read as expired, not as still pending.
-        _ext().dispatcher.approve(rid, expire_only=True)
-        rec = history.get(_ext().redis, rid) or rec
     return jsonify(rec)
 
 
-@bp.post("/remediations")
-@write_endpoint
-def trigger() -> Any:
-    body = read_json()
-    if not isinstance(body, dict) or not isinstance(body.get("playbook"), str):
-        raise BadRequest('the body must be {"playbook": NAME, "labels": {...}}')
-    extra = set(body) - {"playbook", "labels", "annotations"}
+def _object(body: Any, shape: str, allowed: set[str]) -> dict:
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be {shape}")
+    extra = set(body) - allowed
     if extra:
         raise BadRequest(f"unknown field {sorted(extra)[0]!r}")
-    ext = _ext()
-    pb = next((p for p in ext.playbooks if p.name == body["playbook"]), None)
+    return body
+
+
+@bp.post("/remediations")
+@operator_endpoint
+def trigger(by: str) -> Any:
+    body = _object(read_json(), '{"playbook": NAME, "labels": {...}}', {"playbook", "labels", "annotations"})
+    if not isinstance(body.get("playbook"), str):
+        raise BadRequest('the body must be {"playbook": NAME, "labels": {...}}')
+    pb = ext().playbook(body["playbook"])
     if pb is None:
         raise NotFound(f"no playbook named {body['playbook']!r}")
     # null means none; any other non-object (0, "", [], false) is refused by parse_alert, not taken as none.
     labels = {} if body.get("labels") is None else body["labels"]
-    labels = {"alertname": f"manual:{pb.name}", **labels} if isinstance(labels, dict) else labels
-    now = rfc3339()
-    alert = alerts.parse_alert({
-        "status": "firing", "labels": labels, "annotations": body.get("annotations"),
-        "startsAt": now, "fingerprint": hashlib.sha256(f"{now}{time.perf_counter_ns()}".encode()).hexdigest()[:16],
-    }, "body")
-    decision = dispatch.Decision(pb, "manual", alert, resolve(pb.target, alert.labels))
-    outcome = ext.dispatcher.execute([decision])[0]
-    ext.metrics.remediations([outcome])
-    return jsonify(history.get(ext.redis, outcome.record_id)), 201
+    if not isinstance(labels, dict):
+        raise BadRequest("body.labels must be an object of strings")
+    outcome = ext().dispatcher.decide_one(plan.manual(pb, labels, body.get("annotations"), by))
+    ext().metrics.remediations([outcome])
+    return jsonify(records.get(ext().redis, outcome.record_id)), 201
 
 
-@bp.post("/remediations/<rid>/approve")
-@write_endpoint
-def approve(rid: str) -> Any:
+@bp.post("/commands")
+@operator_endpoint
+def command(by: str) -> Any:
+    body = _object(read_json(), '{"target": "job:NAME", "action": NAME, "params": {...}}',
+                   {"target", "action", "params", "expire_after"})
+    raw = body.get("target")
+    target = keys.parse_label(raw) if isinstance(raw, str) else None
+    if target is None:
+        raise BadRequest('target must be "job:NAME" or "node:NAME" (a name of letters, digits and _.:@-)')
+    action = body.get("action")
+    spec = CATALOGUE.get(action) if isinstance(action, str) else None
+    if spec is None:
+        raise BadRequest(f"unknown action {action!r} (known: {', '.join(sorted(CATALOGUE))})")
+    if spec.kind != target.kind:
+        raise BadRequest(f"{action} runs on a {spec.kind}, not on a {target.kind}")
+    params = {} if body.get("params") is None else body["params"]
+    try:
+        spec.parse(params)
+    except ParamError as exc:
+        raise BadRequest(f"bad parameters for {action}: {exc}") from None
+    try:
+        expire_after = parse_duration(body.get("expire_after", "1h"))
+    except ValueError as exc:
+        raise BadRequest(f"expire_after: {exc}") from None
+    if expire_after <= 0:
+        raise BadRequest("expire_after must be longer than zero")
+    pb = Playbook(name="manual", matchers=(), target=target.kind, actions=(Step(spec.name, dict(params)),),
+                  expire_after=expire_after)
+    labels = {"job_name" if target.kind == "job" else "node": target.name}
+    outcome = ext().dispatcher.decide_one(plan.manual(pb, labels, None, by))
+    ext().metrics.remediations([outcome])
+    return jsonify(records.get(ext().redis, outcome.record_id)), 201
+
+
+def _decide_held(rid: str, verb: str, by: str) -> Any:
+    body = _object(read_json(), '{} or {"comment": TEXT}', {"comment"})
+    comment = body.get("comment") or ""
+    if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
+        raise BadRequest(f"comment must be text of at most {MAX_COMMENT} characters")
     if not keys.RECORD_ID_RE.match(rid):
         raise NotFound(f"no remediation with id {rid!r}")
-    answer = _ext().dispatcher.approve(rid)
+    x = ext()
+    rec = records.get(x.redis, rid)
+    if rec is None:
+        raise NotFound(f"no remediation with id {rid!r}")
+    pb = x.playbook(rec["playbook"])
+    due = x.dispatcher.settings.alertmanager_poll or (pb.resolve_timeout if pb else 12 * 3600.0)
+    answer = x.dispatcher.decide_held(rid, verb, by, comment, bool(pb and pb.on_resolved), due)
     if answer[0] == "missing":
         raise NotFound(f"no remediation with id {rid!r}")
     if answer[0] == "not_pending":
         raise Conflict(f"remediation {rid} is {answer[1]}, not pending approval")
     if answer[0] == "expired":
         raise Conflict(f"the approval time of remediation {rid} has passed; it is now expired")
-    return jsonify(history.get(_ext().redis, rid))
+    return jsonify(records.get(x.redis, rid))
 
 
-def live_targets(r: Any) -> list[dict]:
-    """Training clients and node agents with a recent heartbeat, sorted by kind and name."""
-    now = time.time()
-    r.zremrangebyscore(keys.TARGETS, "-inf", now - 86400)
-    labels = r.zrangebyscore(keys.TARGETS, now - LIVE_WINDOW, "+inf")
-    pipe = r.pipeline(transaction=False)
-    for label in labels:
-        kind, _, name = label.partition(":")
-        pipe.get(keys.heartbeat(keys.Target(kind, name)))
-    out = []
-    for label, raw in zip(labels, pipe.execute()):
-        if not raw:
-            continue
-        info = json.loads(raw)
-        kind, _, name = label.partition(":")
-        seen = float(info.pop("last_seen", 0))
-        out.append({**info, "kind": kind, "name": name, "last_seen": rfc3339(seen),
-                    "age_seconds": round(now - seen, 3)})
-    out.sort(key=lambda t: (t["kind"], t["name"]))
-    return out
+@bp.post("/remediations/<rid>/approve")
+@operator_endpoint
+def approve(rid: str, by: str) -> Any:
+    return _decide_held(rid, "approve", by)
+
+
+@bp.post("/remediations/<rid>/reject")
+@operator_endpoint
+def reject(rid: str, by: str) -> Any:
+    return _decide_held(rid, "reject", by)
 
 
 @bp.get("/targets")
 def targets() -> Any:
-    return jsonify({"targets": live_targets(_ext().redis)})
+    return jsonify({"targets": live_targets(ext().redis)})
 
 
 @bp.get("/healthz")
@@ -123,9 +144,9 @@ def healthz() -> Any:
 
 @bp.get("/readyz")
 def readyz() -> Any:
-    ext = _ext()
+    x = ext()
     try:
-        ext.redis.ping()
+        x.redis.ping()
     except Exception as exc:
         raise Unavailable(f"Redis is unreachable ({type(exc).__name__})") from None
-    return jsonify({"status": "ready", "redis": "ok", "playbooks": len(ext.playbooks)})
+    return jsonify({"status": "ready", "redis": "ok", "playbooks": len(x.playbooks)})

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 LR_ACTIONS = ("scale_lr", "set_lr")
 DOT_R = 7
@@ -117,7 +118,7 @@ def _time_axis(t0: float, t1: float, frame: Frame) -> tuple[float, float, tuple[
     t = math.ceil(t0 / step) * step
     while t <= t1:
         x = frame.left + (t - t0) / (t1 - t0) * (frame.x1 - frame.left)
-        ticks.append(Tick(round(x, 1), datetime.fromtimestamp(t, tz=timezone.utc).strftime(fmt)))
+        ticks.append(Tick(round(x, 1), datetime.fromtimestamp(t, tz=UTC).strftime(fmt)))
         t += step
     return t0, t1, tuple(ticks)
 
@@ -135,18 +136,18 @@ def timeline(records: Sequence[dict], now: float) -> Timeline | None:
     """The timeline of records (any order), or None when there are none with a time."""
     now = _minute(now)
     timed = [(parse_time(r.get("created_at")), r) for r in records]
-    timed = [(t, r) for t, r in timed if t is not None]
-    if not timed:
+    known: list[tuple[float, dict[str, Any]]] = [(t, r) for t, r in timed if t is not None]
+    if not known:
         return None
-    playbooks = sorted({r["playbook"] for _, r in timed})
+    playbooks = sorted({r["playbook"] for _, r in known})
     frame = Frame(height=max(100, 44 + 44 * len(playbooks)))
     lane_h = (frame.y1 - frame.top) / len(playbooks)
     lanes = tuple(Lane(round(frame.top + lane_h * (i + 0.5), 1), p) for i, p in enumerate(playbooks))
     ys = {lane.label: lane.y for lane in lanes}
-    t0, t1, ticks = _time_axis(min(t for t, _ in timed), max(now, max(t for t, _ in timed)), frame)
+    t0, t1, ticks = _time_axis(min(t for t, _ in known), max(now, max(t for t, _ in known)), frame)
     dots = []
     last: dict[str, tuple[float, int]] = {}  # lane -> (x of the previous dot, how many overlap there)
-    for t, r in sorted(timed, key=lambda tr: tr[0]):
+    for t, r in sorted(known, key=lambda tr: tr[0]):
         x, lane = _x(t, t0, t1, frame), r["playbook"]
         px, k = last.get(lane, (-1e9, 0))
         # A burst (records seconds apart) would draw one dot on another: fan them out up and down.
@@ -158,7 +159,8 @@ def timeline(records: Sequence[dict], now: float) -> Timeline | None:
     return Timeline(frame, lanes, tuple(dots), ticks)
 
 
-def _floats(value: object) -> tuple[float, ...] | None:
+def floats(value: object) -> tuple[float, ...] | None:
+    """A non-empty list of finite numbers as a tuple, else None (LRs from results and heartbeats)."""
     if not isinstance(value, list) or not value:
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
@@ -174,7 +176,7 @@ def lr_changes(records: Iterable[dict]) -> list[LrChange]:
             result = a.get("result")
             if a.get("action") not in LR_ACTIONS or a.get("status") != "applied" or not isinstance(result, dict):
                 continue
-            before, after = _floats(result.get("old_lr")), _floats(result.get("new_lr"))
+            before, after = floats(result.get("old_lr")), floats(result.get("new_lr"))
             at = parse_time(a.get("acked_at")) or parse_time(rec.get("created_at"))
             if before is None or after is None or at is None:
                 continue

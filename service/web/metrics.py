@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import redis
 from flask import Blueprint, Response, current_app
@@ -21,10 +21,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import LIVE_WINDOW
+from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS, Scripts
 from trainmedic.client.wire.redis import run_scripts
-from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS
 
-from trainmedic.service.rules.alerts import AlertGroup
+from ..rules.alerts import AlertGroup
 
 log = logging.getLogger("trainmedic.metrics")
 bp = Blueprint("metrics", __name__)
@@ -35,13 +36,7 @@ REMEDIATIONS = Counter("trainmedic_remediations_total", "Remediations decided, b
 WEBHOOK_SECONDS = Histogram("trainmedic_webhook_duration_seconds", "Time to handle one webhook request.",
                             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 
-LIVE_WINDOW = 60.0  # seconds since the last heartbeat for a target to count as live (as GET /targets)
-
-# KEYS[1] cursor, KEYS[2] mailbox: entries after the cursor (the stream is capped, so this is bounded).
-BACKLOG = r"""
-local cur = redis.call('GET', KEYS[1]) or '0-0'
-return #redis.call('XRANGE', KEYS[2], '(' .. cur, '+')
-"""
+REJECT_REASONS = ("bad_signature", "unsigned", "replayed")
 
 
 class Metrics:
@@ -70,7 +65,7 @@ class RedisCollector(Collector):
 
     def __init__(self, r: redis.Redis):
         self.r = r
-        self._backlog = r.register_script(BACKLOG)
+        self._backlog = Scripts(r).backlog
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("trainmedic_redis_up", "1 when Redis answered this scrape, 0 when it did not.")
@@ -87,13 +82,8 @@ class RedisCollector(Collector):
         yield from families
 
     def _targets(self) -> list[keys.Target]:
-        labels = set(self.r.zrange(keys.TARGETS, 0, -1)) | set(self.r.smembers(keys.MAILBOXES))
-        out = []
-        for label in sorted(labels):
-            kind, _, name = label.partition(":")
-            if kind in keys.TARGET_KINDS and keys.TARGET_NAME_RE.match(name):
-                out.append(keys.Target(kind, name))
-        return out
+        labels: set[str] = {str(x) for x in (*self.r.zrange(keys.TARGETS, 0, -1), *self.r.smembers(keys.MAILBOXES))}
+        return [t for t in map(keys.parse_label, sorted(labels)) if t is not None]
 
     def _families(self) -> list[Metric]:
         targets = self._targets()
@@ -105,12 +95,16 @@ class RedisCollector(Collector):
             pipe.zscore(keys.TARGETS, t.label)
         plain = pipe.execute() if targets else []
         # The backlog script goes through run_scripts: cluster pipelines refuse a script call mixed in.
-        waiting = run_scripts(self.r, [(self._backlog, [keys.cursor(t), keys.mailbox(t)], []) for t in targets])
+        waiting = run_scripts(self.r, [(self._backlog, [keys.due_items(t)], [keys.record_prefix(t)]) for t in targets])
         answers = []
         for i in range(len(targets)):
             stats, beating, seen = plain[3 * i:3 * i + 3]
             answers += [stats, waiting[i], beating, seen]
-        pending_approval = int(self.r.zcard(keys.APPROVALS))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(keys.APPROVALS)
+        pipe.hgetall(keys.REJECTED)
+        pipe.get(keys.RESETS)
+        pending_approval, rejected, resets = pipe.execute()
 
         acked: dict[tuple[str, str], int] = defaultdict(int)
         buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(ACK_LATENCY_BUCKETS) + 1))
@@ -144,8 +138,8 @@ class RedisCollector(Collector):
                 cumulative.append((le, running))
             latency_f.add_metric([action], cumulative, sums[action])
         backlog_f = GaugeMetricFamily("trainmedic_mailbox_backlog",
-                                      "Commands in mailboxes not yet taken by their target, by target kind.",
-                                      labels=["kind"])
+                                      "Commands not yet applied (waiting, or delivered and not acknowledged), by "
+                                      "target kind.", labels=["kind"])
         live_f = GaugeMetricFamily("trainmedic_targets_live",
                                    "Training clients (job) and node agents (node) with a recent heartbeat.",
                                    labels=["kind"])
@@ -153,8 +147,16 @@ class RedisCollector(Collector):
             backlog_f.add_metric([kind], backlog[kind])
             live_f.add_metric([kind], live[kind])
         approvals_f = GaugeMetricFamily("trainmedic_approvals_pending", "Remediations waiting for approval.",
-                                        value=pending_approval)
-        return [acked_f, latency_f, backlog_f, live_f, approvals_f]
+                                        value=int(pending_approval))
+        rejected_f = CounterMetricFamily("trainmedic_commands_rejected",
+                                         "Commands appliers refused (bad_signature, unsigned) or answered without "
+                                         "applying again (replayed), as they reported through Redis.",
+                                         labels=["reason"])
+        for reason in sorted(set(REJECT_REASONS) | set(rejected)):
+            rejected_f.add_metric([reason], int(rejected.get(reason, 0)))
+        resets_f = CounterMetricFamily("trainmedic_redis_resets",
+                                       "Times Redis came back without trainmedic's data.", value=int(resets or 0))
+        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f]
 
 
 def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict) -> None:

@@ -7,16 +7,20 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify
 
-from trainmedic.client.wire.protocol import ACK_STATUSES
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.actions import CATALOGUE
+from trainmedic.client.wire.durations import POSITIVE as POSITIVE_DURATION
+from trainmedic.client.wire.records import OUTCOMES as OUTCOME_NAMES
+from trainmedic.client.wire.records import SCHEMA as RECORD_SCHEMAS
 
-from trainmedic.service.rules import alerts
-from trainmedic.service import history
+from .. import history
+from ..rules import alerts
 
 bp = Blueprint("openapi", __name__)
 
-ACTION_STATUSES = ("pending", "delivered", *ACK_STATUSES)
-TARGET_NAME = r"^(?!\.+$)[A-Za-z0-9_.:@-]{1,128}$"
-RECORD_ID = r"^[0-9A-Z]{26}~(job|node)~[A-Za-z0-9_.:@-]{0,128}$"
+# JSON Schema patterns end in $ (what Python writes \Z for: no final newline).
+TARGET_NAME = keys.TARGET_NAME_RE.pattern.replace("\\Z", "$")
+RECORD_ID = keys.RECORD_ID_RE.pattern.replace("\\Z", "$")
 
 
 def _ref(name: str) -> dict:
@@ -48,48 +52,8 @@ SCHEMAS: dict[str, Any] = {
                      "description": "null when the alert's label could not be used as a target (bad_label)"},
         },
     },
-    "RecordAlert": {
-        "type": "object", "required": ["alertname", "status", "fingerprint", "starts_at", "labels", "annotations"],
-        "properties": {
-            "alertname": {"type": "string"},
-            "status": {"type": "string", "enum": ["firing", "resolved"]},
-            "fingerprint": {"type": "string"},
-            "starts_at": {"type": "string"},
-            "labels": _strings("The alert's labels as Alertmanager sent them."),
-            "annotations": _strings("The alert's annotations."),
-        },
-    },
-    "RecordAction": {
-        "type": "object", "required": ["action", "params", "status", "result", "acked_at", "acked_by"],
-        "properties": {
-            "action": {"type": "string", "example": "scale_lr"},
-            "params": {"type": "object", "additionalProperties": True},
-            "status": {"type": "string", "enum": list(ACTION_STATUSES)},
-            "result": {"type": "object", "nullable": True, "additionalProperties": True,
-                       "description": 'What the applier reported, e.g. {"old_lr": [..], "new_lr": [..], "step": 1234}'},
-            "acked_at": {"type": "string", "format": "date-time", "nullable": True},
-            "acked_by": {"type": "string", "nullable": True, "description": "host:pid[:rank]"},
-        },
-    },
-    "Record": {
-        "type": "object",
-        "required": ["id", "created_at", "playbook", "status", "reason", "alert", "target", "actions"],
-        "properties": {
-            "id": {"type": "string", "pattern": RECORD_ID},
-            "created_at": {"type": "string", "format": "date-time"},
-            "playbook": {"type": "string"},
-            "status": {"type": "string", "enum": list(history.STATUSES)},
-            "reason": {"type": "string", "nullable": True,
-                       "description": "Why it was skipped or expired: cooldown, budget_exhausted, no_target, "
-                                      "bad_label, no_actions, approval_expired, ..."},
-            "detail": {"type": "string"},
-            "on_resolved": {"type": "boolean", "description": "true for the on_resolved actions of a resolved alert"},
-            "approval_expires_at": {"type": "string", "format": "date-time"},
-            "alert": _ref("RecordAlert"),
-            "target": _ref("Target"),
-            "actions": {"type": "array", "items": _ref("RecordAction")},
-        },
-    },
+    # The record's own shape, from the module that writes and reads it.
+    **RECORD_SCHEMAS,
     "HistoryPage": {
         "type": "object", "required": ["items", "next"],
         "properties": {
@@ -158,6 +122,26 @@ SCHEMAS: dict[str, Any] = {
             "annotations": {**_strings("Annotations of the synthetic alert."), "nullable": True},
         },
     },
+    "Command": {
+        "description": "One ad-hoc command: an action of the catalogue, with its own parameters, for a target of "
+                       "the kind it runs on.",
+        "oneOf": [{
+            "type": "object", "required": ["target", "action", *(["params"] if spec.needs_params else [])],
+            "additionalProperties": False, "title": spec.name,
+            "properties": {
+                "target": {"type": "string", "pattern": f"^{spec.kind}:" + TARGET_NAME.lstrip("^"),
+                           "example": f"{spec.kind}:{'llama-ft-01' if spec.kind == 'job' else 'gpu-node-01'}"},
+                "action": {"type": "string", "enum": [spec.name]},
+                "params": {**spec.params_schema(), **({} if spec.needs_params else {"nullable": True})},
+                "expire_after": {"type": "string", "example": "10m", "pattern": POSITIVE_DURATION,
+                                 "description": "Not applied by then: it ends expired or lost (default 1h)."},
+            },
+        } for spec in CATALOGUE.values()],
+    },
+    "Decision": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"comment": {"type": "string", "maxLength": 1000, "description": "Kept in the record."}},
+    },
     "LiveTarget": {
         "type": "object", "required": ["kind", "name", "last_seen", "age_seconds"], "additionalProperties": True,
         "description": "A training client or node agent; other fields are what it reports (host, pid, step, lr).",
@@ -180,11 +164,16 @@ SCHEMAS: dict[str, Any] = {
     },
 }
 
-BEARER = [{"bearer": []}]
+WEBHOOK: list[dict[str, list[str]]] = [{"webhook": []}]
+OPERATOR: list[dict[str, list[str]]] = [{"operator": []}]
 REDIS_DOWN = _error("Redis is unavailable; retry later (Alertmanager retries 5xx).")
 AUTH_ERRORS = {
     "401": _error("Authorization: Bearer token missing or wrong (a token is configured)."),
     "403": _error("No token is configured and the request is not from loopback."),
+}
+OPERATOR_ERRORS = {
+    "401": _error("Authorization: Bearer token missing or wrong."),
+    "403": _error("The webhook token, a foreign Origin, or no operator token configured."),
 }
 BODY_ERRORS = {
     "400": _error("Malformed JSON or payload."),
@@ -210,14 +199,16 @@ FILTERS = [
     _query("playbook", {"type": "string", "maxLength": 256}, "Only records of this playbook."),
     _query("target", {"type": "string", "maxLength": 256}, "A target name, or kind:name."),
     _query("status", {"type": "string", "enum": ["", *history.STATUSES]}, "Only records in this status (empty: any)."),
+    _query("outcome", {"type": "string", "enum": ["", *OUTCOME_NAMES]}, "Only records with this outcome (empty: any)."),
     _query("before", {"type": "string", "pattern": "^$|" + RECORD_ID}, "The `next` cursor of the previous page."),
 ]
 
 
-# A new record's id leads to reading it and approving it (schemathesis follows these in its stateful phase).
+# A new record's id leads to reading, approving and rejecting it (schemathesis follows these when stateful).
 RECORD_LINKS = {
     "GetRemediation": {"operationId": "getRemediation", "parameters": {"id": "$response.body#/id"}},
     "ApproveRemediation": {"operationId": "approve", "parameters": {"id": "$response.body#/id"}},
+    "RejectRemediation": {"operationId": "reject", "parameters": {"id": "$response.body#/id"}},
 }
 
 
@@ -228,7 +219,7 @@ def _paths() -> dict:
     return {
         "/webhook": {"post": {
             "summary": "Alertmanager webhook (payload version 4)",
-            "operationId": "webhook", "security": BEARER, "tags": ["webhook"],
+            "operationId": "webhook", "security": WEBHOOK, "tags": ["webhook"],
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("AlertmanagerPayload")}}},
             "responses": {"200": _json(_ref("WebhookResult"), "Processed: decided, recorded and dispatched."),
                           **BODY_ERRORS, **AUTH_ERRORS, "503": REDIS_DOWN},
@@ -241,11 +232,17 @@ def _paths() -> dict:
                           "400": _error("A bad query."), **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/remediations": {"post": {
-            "summary": "Trigger a playbook by hand", "operationId": "trigger", "security": BEARER,
+            "summary": "Trigger a playbook by hand", "operationId": "trigger", "security": OPERATOR,
             "tags": ["remediations"],
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ManualTrigger")}}},
-            "responses": {"201": created, **BODY_ERRORS, **AUTH_ERRORS,
+            "responses": {"201": created, **BODY_ERRORS, **OPERATOR_ERRORS,
                           "404": _error("No playbook of that name."), "503": REDIS_DOWN},
+        }},
+        "/commands": {"post": {
+            "summary": "Send one ad-hoc command (what `trainmedic send` does)", "operationId": "command",
+            "security": OPERATOR, "tags": ["remediations"],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Command")}}},
+            "responses": {"201": created, **BODY_ERRORS, **OPERATOR_ERRORS, "503": REDIS_DOWN},
         }},
         "/remediations/{id}": {"get": {
             "summary": "One record", "operationId": "getRemediation", "tags": ["remediations"],
@@ -254,9 +251,21 @@ def _paths() -> dict:
                           **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/remediations/{id}/approve": {"post": {
-            "summary": "Release a record held for approval", "operationId": "approve", "security": BEARER,
+            "summary": "Release a record held for approval", "operationId": "approve", "security": OPERATOR,
             "tags": ["remediations"], "parameters": [rid],
-            "responses": {"200": _json(_ref("Record"), "Released: its command is dispatched."), **AUTH_ERRORS,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Decision")}}},
+            "responses": {"200": _json(_ref("Record"), "Released: its command is dispatched."), **BODY_ERRORS,
+                          **OPERATOR_ERRORS,
+                          "404": _error("No such record."),
+                          "409": _error("The record is not pending approval, or its approval time has passed."),
+                          **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/remediations/{id}/reject": {"post": {
+            "summary": "Refuse a record held for approval", "operationId": "reject", "security": OPERATOR,
+            "tags": ["remediations"], "parameters": [rid],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Decision")}}},
+            "responses": {"200": _json(_ref("Record"), "Refused: it is skipped / rejected."), **BODY_ERRORS,
+                          **OPERATOR_ERRORS,
                           "404": _error("No such record."),
                           "409": _error("The record is not pending approval, or its approval time has passed."),
                           **TOO_LONG, "503": REDIS_DOWN},
@@ -317,16 +326,20 @@ def document(playbooks: tuple[str, ...] = ()) -> dict:
         "openapi": "3.0.3",
         "info": {
             "title": "trainmedic",
-            "version": "1",
+            "version": "2",
             "description": "Auto-remediation for ML training clusters: Alertmanager webhook in, playbook actions "
                            "out to training jobs and GPU nodes, every decision recorded.",
         },
         "paths": _paths(),
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "TRAINMEDIC_WEBHOOK_TOKEN; required on every POST "
-                                                          "when a token is configured."}},
+            "securitySchemes": {
+                "webhook": {"type": "http", "scheme": "bearer",
+                            "description": "TRAINMEDIC_WEBHOOK_TOKEN: POST /webhook only (loopback without one)."},
+                "operator": {"type": "http", "scheme": "bearer",
+                             "description": "TRAINMEDIC_OPERATOR_TOKEN: people's writes (approve, reject, manual "
+                                            "triggers, POST /commands)."},
+            },
         },
         "tags": [{"name": n} for n in ("webhook", "history", "remediations", "targets", "probes", "pages")],
     }

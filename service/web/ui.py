@@ -3,29 +3,27 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Mapping
+from typing import Any
 
 from flask import Blueprint, current_app, render_template, request, url_for
 
 from trainmedic.client.wire import keys
 
-from trainmedic.service.web import charts
-from trainmedic.service import history
-from trainmedic.service.web.api import live_targets
-from trainmedic.service.errors import BadRequest
+from .. import history
+from ..errors import BadRequest
+from . import charts
+from .common import ext as _ext, live_targets
 
 bp = Blueprint("ui", __name__, template_folder="templates")
 
 ICONS = {"applied": "✓", "partially_applied": "◐", "failed": "✗", "dispatched": "➜", "delivered": "➜",
          "pending": "…", "pending_approval": "⏸", "dry_run": "◌", "skipped": "–", "unsupported": "⊘",
          "expired": "⌛"}
-FILTERS = ("playbook", "target", "status", "alertname")
+FILTERS = history.FILTERS
 TARGET_PAGE_RECORDS = 200
 HTML = {"Content-Type": "text/html; charset=utf-8"}
 
 
-def _ext() -> Any:
-    return current_app.extensions["trainmedic"]
 
 
 def _common(now: float) -> dict:
@@ -40,7 +38,6 @@ def index() -> Any:
     error, status = None, 200
     try:
         q = history.Query.from_args(request.args)
-        ext.dispatcher.expire_approvals()
         items, nxt = history.page(ext.redis, q)
     except BadRequest as exc:
         # A person typed a URL or filter we cannot read: say why on the page itself.
@@ -73,18 +70,12 @@ def target(kind: str, name: str) -> Any:
     items, nxt = history.page(ext.redis, history.Query(limit=TARGET_PAGE_RECORDS, target=label))
     live = next((t for t in live_targets(ext.redis) if t["kind"] == kind and t["name"] == name), None)
     changes = charts.lr_changes(items)
-    current = _floats(live.get("lr")) if live else None
+    current = charts.floats(live.get("lr")) if live else None
     return render_template(
         "target.html", **_common(now), kind=kind, name=name, live=live, items=items, next=nxt,
         all_url=url_for("ui.index", target=label), timeline=charts.timeline(items, now),
         lr=charts.lr_chart(changes, now, current), lr_changes=changes, dot_r=charts.DOT_R,
         lr_groups=max((len(c.before) for c in changes), default=0)), 200, HTML
-
-
-def _floats(value: Any) -> list[float] | None:
-    if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
-        return [float(v) for v in value]
-    return None
 
 
 @bp.app_template_filter("word")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.stack import Alertmanager
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,9 @@ import time
 import requests
 
 from tests.conftest import TOKEN
-from .processes import Alertmanager, TrainingLoop
+from tests.support.stack import Alertmanager
+
+from .processes import TrainingLoop
 
 JOB = "llama-ft-01"
 

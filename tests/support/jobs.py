@@ -1,20 +1,21 @@
-"""Helpers for training-side tests: job playbooks, sending through the service, waiting for acks."""
+"""Helpers for tests: job playbooks, sending through the service, injecting commands, waiting for acks."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import redis
 
-from trainmedic.service.decide import dispatch
-from trainmedic.service import history
-from trainmedic.service.rules.alerts import parse_alert
-from trainmedic.service.rules.playbooks import Playbook, Step
-from trainmedic.service.rules.targets import Resolution
+from trainmedic.client.wire import records
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import rfc3339
-from tests.conftest import post_json, write_playbooks
+from trainmedic.client.wire.records import Step
+from trainmedic.service.app import create_app
+from trainmedic.service.decide import plan
+from trainmedic.service.rules.playbooks import Playbook
+from trainmedic.service.rules.targets import Resolution
+from tests.conftest import OPERATOR, ROOT, SIGNING_KEY, TOKEN, post_json, write_playbooks
 
 JOB_PLAYBOOKS = """\
 playbooks:
@@ -62,7 +63,7 @@ playbooks:
 def job_app(make_app: Any, tmp_path: Path) -> Any:
     """The service with the job playbooks above, on the test Redis."""
     path = write_playbooks(tmp_path / "jobs.yaml", JOB_PLAYBOOKS)
-    return make_app(PLAYBOOKS=str(path))
+    return make_app(playbooks=str(path))
 
 
 def trigger(http: Any, playbook: str, job: str) -> dict:
@@ -74,16 +75,40 @@ def trigger(http: Any, playbook: str, job: str) -> dict:
     return rec
 
 
-def send(r: redis.Redis, job: str, action: str, params: dict | None = None, expire_after: float = 3600.0) -> str:
-    """Dispatch one action to a job as `trainmedic send` does (no playbook validation); returns the record id."""
-    pb = Playbook(name="manual", matchers=(), target="job", actions=(Step(action, params or {}),),
+_apps: dict[str, Any] = {}
+
+
+def service(r: redis.Redis) -> Any:
+    """The service (a Flask app) on the Redis that r talks to, made once per Redis."""
+    kw = r.connection_pool.connection_kwargs
+    url = f"redis://{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    if url not in _apps:
+        _apps[url] = create_app({"TESTING": True, "redis_url": url, "webhook_token": TOKEN, "operator_token": OPERATOR,
+                                 "signing_key": SIGNING_KEY, "playbooks": str(ROOT / "playbooks")})
+    return _apps[url]
+
+
+def send(r: redis.Redis, job: str, action: str, params: dict | None = None, expire_after: float = 3600.0,
+         kind: str = "job") -> str:
+    """One command through POST /commands, as `trainmedic send` does; returns the record id."""
+    resp = post_json(service(r).test_client(), "/commands",
+                     {"target": f"{kind}:{job}", "action": action, "params": params or {},
+                      "expire_after": f"{int(expire_after * 1000)}ms"})
+    assert resp.status_code == 201, resp.get_json()
+    return str(resp.get_json()["id"])
+
+
+def inject(r: redis.Redis, target: keys.Target, steps: Sequence[tuple[str, dict]], context: dict | None = None,
+           expire_after: float = 3600.0) -> str:
+    """A signed command the API would refuse (unknown action, bad params), through the service's dispatcher."""
+    pb = Playbook(name="manual", matchers=(), target=target.kind, actions=tuple(Step(a, p) for a, p in steps),
                   expire_after=expire_after)
-    alert = parse_alert({"status": "firing", "startsAt": rfc3339(),
-                         "labels": {"alertname": "manual", "job_name": job}}, "send")
-    d = dispatch.Decision(pb, "manual", alert, Resolution(keys.Target("job", job), {}))
-    out = dispatch.Dispatcher(r, dispatch.Settings()).execute([d])[0]
-    assert out.status == "dispatched" and out.record_id
-    return out.record_id
+    label = "job_name" if target.kind == "job" else "node"
+    d = plan.manual(pb, {label: target.name}, None, "operator")
+    d = plan.Decision(d.playbook, d.mode, d.alert, Resolution(target, context or {}), d.requested_by)
+    out = service(r).extensions["trainmedic"].dispatcher.decide_one(d)
+    assert out.status == "dispatched", out
+    return str(out.record_id)
 
 
 def settled(rec: dict | None) -> bool:
@@ -94,7 +119,7 @@ def wait_record(r: redis.Redis, rid: str, until: Callable[[dict | None], bool] =
                 timeout: float = 15.0, tick: Callable[[], Any] | None = None) -> dict:
     """Read the record until `until` holds (calling tick() between reads, e.g. a training step)."""
     deadline = time.monotonic() + timeout
-    rec = history.get(r, rid)
+    rec = records.get(r, rid)
     while not until(rec):
         if time.monotonic() > deadline:
             raise AssertionError(f"record {rid} did not get there in {timeout}s: {rec}")
@@ -102,7 +127,7 @@ def wait_record(r: redis.Redis, rid: str, until: Callable[[dict | None], bool] =
             tick()
         else:
             time.sleep(0.02)
-        rec = history.get(r, rid)
+        rec = records.get(r, rid)
     assert rec is not None
     return rec
 

@@ -43,14 +43,14 @@ class EmbeddedCluster:
         """A plain redis:// URL of one node: trainmedic detects the cluster from it."""
         return self.nodes[0].url
 
-    def start(self, timeout: float = 30.0) -> "EmbeddedCluster":
+    def start(self, timeout: float = 30.0) -> EmbeddedCluster:
         try:
             return self._start(timeout)
         except BaseException:
             self.stop()  # never leave half a cluster running
             raise
 
-    def _start(self, timeout: float) -> "EmbeddedCluster":
+    def _start(self, timeout: float) -> EmbeddedCluster:
         for node in self.nodes:
             node.start()
         cli = shutil.which("redis-cli")
@@ -73,7 +73,7 @@ class EmbeddedCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> "EmbeddedCluster":
+    def __enter__(self) -> EmbeddedCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any
+from collections.abc import Sequence
 
 import requests
 
@@ -93,7 +94,7 @@ class Alertmanager(_Child):
     def push(self, labels: dict, annotations: dict | None = None, starts_at: datetime | None = None,
              ends_in: float = 300.0) -> None:
         """POST an alert the way Prometheus does (endsAt in the future keeps it firing)."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         body = [{"labels": labels, "annotations": annotations or {}, "startsAt": _utc(starts_at or now),
                  "endsAt": _utc(now + timedelta(seconds=ends_in))}]
         requests.post(self.url + "/api/v2/alerts", json=body, timeout=5).raise_for_status()

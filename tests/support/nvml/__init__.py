@@ -10,7 +10,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
@@ -101,10 +102,18 @@ class AgentProcess:
 
     def __init__(self, node: str, redis_url: str, log_path: Path, lib_dir: Path | None = None,
                  state: NvmlState | None = None, allow_roots: Sequence[Path] = (), dry_run: bool = False,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, state_dir: Path | None = None, verify_key: str | None = None,
+                 insecure: bool = False):
+        from tests.conftest import VERIFY_KEY
+
         self.node = node
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", node, "--redis-url", redis_url]
+        # The agent's own state file: the same folder across restarts of one node in a test.
+        self.state_dir = state_dir or log_path.parent / f"agent-state-{node}"
+        cmd = [sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", node, "--redis-url", redis_url,
+               "--state-dir", str(self.state_dir)]
+        if insecure:
+            cmd.append("--insecure-unsigned")
         for root in allow_roots:
             cmd += ["--allow-root", str(root)]
         if dry_run:
@@ -113,6 +122,8 @@ class AgentProcess:
         full_env["LD_LIBRARY_PATH"] = str(lib_dir) if lib_dir else str(log_path.parent / "no-nvml-here")
         if state is not None:
             full_env["NVML_STUB_STATE"] = str(state.path)
+        if not insecure:
+            full_env["TRAINMEDIC_VERIFY_KEY"] = verify_key or VERIFY_KEY
         full_env.update(env or {})
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(cmd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -164,16 +175,9 @@ def agents(redis_url: str, tmp_path: Path) -> Iterator[Any]:
 
 
 def wait_record(r: redis.Redis, record_id: str, done: Sequence[str] = ("applied", "partially_applied", "failed",
-                                                                          "expired", "skipped"),
+                                                                          "expired", "skipped", "lost"),
                 timeout: float = 15.0) -> dict:
     """Poll a record until its status is one of `done`; the record (AssertionError on timeout)."""
-    from trainmedic.service import history
+    from tests.support.jobs import wait_record as wait
 
-    deadline = time.monotonic() + timeout
-    rec = history.get(r, record_id)
-    while time.monotonic() < deadline:
-        rec = history.get(r, record_id)
-        if rec and rec["status"] in done:
-            return rec
-        time.sleep(0.02)
-    raise AssertionError(f"record {record_id} still {rec and rec['status']} after {timeout}s: {rec}")
+    return wait(r, record_id, lambda rec: rec is not None and rec["status"] in done, timeout)

@@ -1,0 +1,119 @@
+"""Every TRAINMEDIC_* setting, read from the environment once per entry point into one frozen Settings."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from collections.abc import Mapping
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_URL = "http://127.0.0.1:9095"
+DEFAULT_HISTORY_MAX = 1_000_000
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message is one sentence naming the variable."""
+
+
+def parse_bool(text: str | None, name: str = "value") -> bool:
+    """The one boolean parser: 1/true/yes/on, 0/false/no/off or empty; anything else is an error."""
+    value = (text or "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingsError(f"{name} must be 1, true, yes or on (or 0, false, no, off), not {text!r}")
+
+
+def _csv(text: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (text or "").split(",") if p.strip())
+
+
+def _secret(env: Mapping[str, str], name: str) -> str | None:
+    """NAME's value, else the content of the file NAME_FILE names (stripped), else None."""
+    value = env.get(name)
+    if value:
+        return value
+    path = env.get(f"{name}_FILE")
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise SettingsError(f"cannot read {name}_FILE {path}: {reason}") from None
+    return text or None
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if not raw.strip().isascii() or not raw.strip().isdigit() or int(raw) < 1:
+        raise SettingsError(f"{name} must be a whole number of at least 1, not {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment's TRAINMEDIC_* values (defaults where unset); see the README's Environment table."""
+
+    redis_url: str | None = None
+    playbooks: str | None = None
+    webhook_token: str | None = None
+    operator_token: str | None = None
+    signing_key: str | None = None
+    verify_keys: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    public_url: str | None = None
+    alertmanager_urls: tuple[str, ...] = ()
+    prometheus_url: str | None = None
+    notify_url: str | None = None
+    history_max: int = DEFAULT_HISTORY_MAX
+    dry_run: bool = False
+    job: str | None = None
+    log_level: str = "info"
+    # What `trainmedic serve` hands to gunicorn and its own tools.
+    url: str = DEFAULT_URL
+    bind: str = "127.0.0.1:9095"
+    workers: int = 2
+    threads: int = 4
+    data_dir: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from the environment; SettingsError (one sentence) for a value that cannot be used."""
+        env = os.environ if environ is None else environ
+        level = (env.get("TRAINMEDIC_LOG_LEVEL") or "info").strip().lower()
+        if level not in LOG_LEVELS:
+            raise SettingsError(f"TRAINMEDIC_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+        return cls(
+            redis_url=env.get("TRAINMEDIC_REDIS_URL") or None,
+            playbooks=env.get("TRAINMEDIC_PLAYBOOKS") or None,
+            webhook_token=_secret(env, "TRAINMEDIC_WEBHOOK_TOKEN"),
+            operator_token=_secret(env, "TRAINMEDIC_OPERATOR_TOKEN"),
+            signing_key=_secret(env, "TRAINMEDIC_SIGNING_KEY"),
+            verify_keys=_csv(_secret(env, "TRAINMEDIC_VERIFY_KEY")),
+            allowed_hosts=tuple(h.lower() for h in _csv(env.get("TRAINMEDIC_ALLOWED_HOSTS"))),
+            public_url=(env.get("TRAINMEDIC_PUBLIC_URL") or "").rstrip("/") or None,
+            alertmanager_urls=tuple(u.rstrip("/") for u in _csv(env.get("TRAINMEDIC_ALERTMANAGER_URL"))),
+            prometheus_url=(env.get("TRAINMEDIC_PROMETHEUS_URL") or "").rstrip("/") or None,
+            notify_url=env.get("TRAINMEDIC_NOTIFY_URL") or None,
+            history_max=_positive_int(env, "TRAINMEDIC_HISTORY_MAX", DEFAULT_HISTORY_MAX),
+            dry_run=parse_bool(env.get("TRAINMEDIC_DRY_RUN"), "TRAINMEDIC_DRY_RUN"),
+            job=env.get("TRAINMEDIC_JOB") or None,
+            log_level=level,
+            url=(env.get("TRAINMEDIC_URL") or DEFAULT_URL).rstrip("/"),
+            bind=env.get("TRAINMEDIC_BIND") or "127.0.0.1:9095",
+            workers=_positive_int(env, "TRAINMEDIC_WORKERS", 2),
+            threads=_positive_int(env, "TRAINMEDIC_THREADS", 4),
+            data_dir=env.get("TRAINMEDIC_DATA_DIR") or None,
+        )
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (tests, command-line flags)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,46 @@
+-- ACK: write one action's outcome into its record, count it, and settle the record's status.
+-- KEYS[1] record   KEYS[2] ack stats   KEYS[3] ledger (sticky LR changes of a job)   KEYS[4] open
+-- ARGV[1] JSON {index, status, reason, result (JSON text), acked_at, acked_by, now (ms), replayed (0/1),
+--   stats_ttl_ms, ledger (1: an applied scale_lr/set_lr to remember for resumes), ledger_max, rid, buckets}
+-- Returns {action status, dispatch-to-ack latency in ms or -1, record status}, or false for no record.
+-- A final status is never overwritten, except `lost`: an ack that arrives after all is the truth.
+local a = cjson.decode(ARGV[1])
+local rec = KEYS[1]
+if redis.call('EXISTS', rec) == 0 then return false end
+local now = tonumber(a.now)
+local p = 'a:' .. a.index .. ':'
+local st = redis.call('HGET', rec, p .. 'status')
+if st ~= 'pending' and st ~= 'delivered' and st ~= 'lost' then
+  return {st, '-1', redis.call('HGET', rec, 'status')}
+end
+redis.call('HSET', rec, p .. 'status', a.status, p .. 'reason', a.reason, p .. 'result', a.result,
+           p .. 'acked_at', a.acked_at, p .. 'acked_by', a.acked_by)
+if st == 'lost' then
+  redis.call('HSET', rec, p .. 'late', '1')
+  if redis.call('HGET', rec, 'status') == 'lost' then redis.call('HSET', rec, 'status', 'dispatched') end
+end
+local sent = tonumber(redis.call('HGET', rec, 'dispatched_ms') or '')
+local latency = -1
+-- Clocks of the service and the applier may disagree a little: never a negative latency.
+if sent then latency = math.max(0, now - sent) end
+local spec = cjson.decode(redis.call('HGET', rec, p .. 'spec') or '{}')
+local action = spec.action or 'unknown'
+redis.call('HINCRBY', KEYS[2], 'n|' .. action .. '|' .. a.status, 1)
+if latency >= 0 then
+  local seconds, slot = latency / 1000, 'inf'
+  for i, le in ipairs(a.buckets) do
+    if seconds <= le then slot = tostring(i - 1); break end
+  end
+  redis.call('HINCRBY', KEYS[2], 'b|' .. action .. '|' .. slot, 1)
+  redis.call('HINCRBYFLOAT', KEYS[2], 's|' .. action, seconds)
+end
+redis.call('PEXPIRE', KEYS[2], a.stats_ttl_ms)
+if tonumber(a.ledger) == 1 and a.status == 'applied' and tonumber(a.replayed) ~= 1 then
+  redis.call('RPUSH', KEYS[3], cjson.encode({rid = a.rid, index = tonumber(a.index), action = action,
+                                             params = spec.params, at = a.acked_at, by = a.acked_by}))
+  redis.call('LTRIM', KEYS[3], -tonumber(a.ledger_max), -1)
+  redis.call('PEXPIRE', KEYS[3], a.stats_ttl_ms)
+end
+local status = settle(rec, now)
+if status ~= 'dispatched' then redis.call('ZREM', KEYS[4], a.rid) end
+return {a.status, tostring(latency), status}

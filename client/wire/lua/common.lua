@@ -1,0 +1,64 @@
+-- Shared functions, prepended to the scripts that use them (client/wire/records.py does the prepending).
+
+-- A record's status from its actions (CONTRACT "Remediation record"): skipped actions do not count; applied
+-- when all others were, partially_applied when some were; else expired when all expired, lost when some
+-- were lost, failed otherwise; skipped when every action was skipped. Nothing changes while any action is
+-- pending or delivered, nor for a record that is not dispatched. A settled record keeps when it settled
+-- (now, in ms: the last ack) and drops its stored command.
+local function settle(rec, now)
+  local cur = redis.call('HGET', rec, 'status')
+  if cur ~= 'dispatched' then return cur end
+  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
+  local counted, applied, expired, lost = 0, 0, 0, 0
+  for i = 0, n - 1 do
+    local st = redis.call('HGET', rec, 'a:' .. i .. ':status')
+    if st == 'pending' or st == 'delivered' then return cur end
+    if st ~= 'skipped' then
+      counted = counted + 1
+      if st == 'applied' then applied = applied + 1
+      elseif st == 'expired' then expired = expired + 1
+      elseif st == 'lost' then lost = lost + 1 end
+    end
+  end
+  local status = 'failed'
+  if counted == 0 then status = 'skipped'
+  elseif applied == counted then status = 'applied'
+  elseif applied > 0 then status = 'partially_applied'
+  elseif expired == counted then status = 'expired'
+  elseif lost > 0 then status = 'lost' end
+  redis.call('HSET', rec, 'status', status, 'settled_ms', now)
+  redis.call('HDEL', rec, 'cmd', 'sig')
+  return status
+end
+
+-- End every open action of a record with one status and reason (a message for people in its result).
+local function end_open(rec, status, reason, message, at)
+  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
+  for i = 0, n - 1 do
+    local p = 'a:' .. i .. ':'
+    local st = redis.call('HGET', rec, p .. 'status')
+    if st == 'pending' or st == 'delivered' then
+      redis.call('HSET', rec, p .. 'status', status, p .. 'reason', reason, p .. 'acked_at', at,
+                 p .. 'result', cjson.encode({message = message}))
+    end
+  end
+end
+
+-- Offer a record's stored, signed command again: its delivered actions become pending, a new mailbox entry
+-- (after every cursor) carries the same bytes, and a wake-up says "look now". false if nothing was stored.
+local function reoffer(rec, mailbox, channel, maxlen, rid)
+  local cmd = redis.call('HGET', rec, 'cmd')
+  if not cmd then return false end
+  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
+  for i = 0, n - 1 do
+    local p = 'a:' .. i .. ':'
+    if redis.call('HGET', rec, p .. 'status') == 'delivered' then
+      redis.call('HSET', rec, p .. 'status', 'pending')
+      redis.call('HDEL', rec, p .. 'claimed_by', p .. 'claimed_ms')
+    end
+  end
+  redis.call('HINCRBY', rec, 'offers', 1)
+  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'c', cmd, 's', redis.call('HGET', rec, 'sig') or '')
+  redis.call('PUBLISH', channel, rid)
+  return true
+end

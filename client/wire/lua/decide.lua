@@ -1,0 +1,146 @@
+-- DECIDE: guard, record and dispatch one (alert, playbook) pair atomically, in the target's hash slot.
+-- KEYS[1] record   KEYS[2] mailbox   KEYS[3] episode   KEYS[4] cooldown   KEYS[5] budget
+-- KEYS[6] obligation (what on_resolved must undo for this alert)   KEYS[7] open (the target's due items)
+-- ARGV[1] JSON {
+--   now (ms), mode: firing | resolved | timeout | manual, start (episode start, second precision), rid,
+--   forced_reason ('' or why it is skipped), cooldown_ms, budget_count, budget_window_ms, approval (0/1),
+--   dry (0/1), undo (1: the playbook has on_resolved actions), record_ttl_ms, episode_ttl_ms, maxlen,
+--   channel, command, signature, expires_ms, approve_by_ms, ob_member, ob_due_ms, n, fields {name: value}}
+-- Returns {status, record id, reason}. 'duplicate', 'stale' and 'closed' mean no new record.
+--
+-- Episodes (CONTRACT "Guarantees"): the episode hash holds `open` (start of the open episode), `closed`
+-- (latest start of a closed one, kept as a tombstone), `rid`/`st` (the open episode's record and status)
+-- and `holds` (records held for approval). The obligation hash (rid, dry, seen) says that a firing record
+-- changed something that the final resolve must undo, whichever episode it belonged to.
+local a = cjson.decode(ARGV[1])
+local now, mode, rid, n = tonumber(a.now), a.mode, a.rid, tonumber(a.n)
+local rec, mailbox, ep, ob, open_z = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
+local dry = tonumber(a.dry) == 1
+local reason = ''
+
+local function close_episode()
+  local open = redis.call('HGET', ep, 'open')
+  local closed = redis.call('HGET', ep, 'closed')
+  if open and (not closed or open > closed) then redis.call('HSET', ep, 'closed', open) end
+  redis.call('HDEL', ep, 'open', 'rid', 'st')
+  -- The alert is over: a hold that nobody approved must not throttle a GPU that nothing will restore.
+  local holds = redis.call('HGET', ep, 'holds')
+  if holds then
+    local prefix = string.sub(rec, 1, #rec - #rid)
+    for held in string.gmatch(holds, '%S+') do
+      local hrec = prefix .. held
+      if redis.call('HGET', hrec, 'status') == 'pending_approval' then
+        end_open(hrec, 'expired', 'resolved_before_approval', 'The alert resolved before anyone approved it.', a.at)
+        redis.call('HSET', hrec, 'status', 'expired', 'reason', 'resolved_before_approval')
+        redis.call('ZREM', open_z, held)
+      end
+    end
+    redis.call('HDEL', ep, 'holds')
+  end
+  redis.call('PEXPIRE', ep, a.episode_ttl_ms)
+end
+
+-- Take the undo obligation for a resolve; false when nothing was changed that needs undoing.
+local function discharge()
+  if redis.call('EXISTS', ob) == 0 then return false end
+  if redis.call('HGET', ob, 'dry') == '1' then dry = true end
+  redis.call('DEL', ob)
+  redis.call('ZREM', open_z, a.ob_member)
+  return true
+end
+
+if mode == 'firing' then
+  -- Every firing notification, a resend too, says the alert still fires: resolve_timeout counts from here.
+  if redis.call('EXISTS', ob) == 1 then
+    redis.call('HSET', ob, 'seen', now)
+    redis.call('ZADD', open_z, a.ob_due_ms, a.ob_member)
+  end
+  local open = redis.call('HGET', ep, 'open')
+  local closed = redis.call('HGET', ep, 'closed')
+  if open and a.start <= open then
+    -- The open episode: a resend, a retry, an HA peer; an earlier start is the same alert merged from
+    -- two Prometheus servers (never one of a closed episode's, which is a late retry of that episode).
+    if a.start < open and (not closed or a.start > closed) then redis.call('HSET', ep, 'open', a.start) end
+    redis.call('PEXPIRE', ep, a.episode_ttl_ms)
+    return {'duplicate', redis.call('HGET', ep, 'rid') or '', ''}
+  end
+  if closed and a.start <= closed then
+    redis.call('PEXPIRE', ep, a.episode_ttl_ms)
+    return {'duplicate', '', 'closed_episode'}
+  end
+  if open then
+    -- A later start while one is open: the alert resolved and fired again within one group_interval, so
+    -- Alertmanager never sent that resolve. The old episode is over; its obligation stays with the alert.
+    redis.call('HSET', ep, 'closed', open)
+  end
+elseif mode == 'resolved' or mode == 'timeout' then
+  local open = redis.call('HGET', ep, 'open')
+  if mode == 'resolved' and (not open or open > a.start) then
+    -- No open episode, or a stale resolve of an older one: it must not close (or undo) a newer episode.
+    return {'stale', '', ''}
+  end
+  close_episode()
+  if not discharge() or n == 0 then return {'closed', '', ''} end
+  if mode == 'timeout' then reason = 'resolved_not_notified' end
+end
+
+local status = 'dispatched'
+if a.forced_reason ~= '' then
+  status, reason = 'skipped', a.forced_reason
+elseif n == 0 then
+  status, reason = 'skipped', 'no_actions'
+elseif mode == 'firing' or mode == 'manual' then
+  -- Guards hold for firing and manual records; on_resolved is exempt: it undoes what firing did.
+  local cooldown, count, window = tonumber(a.cooldown_ms), tonumber(a.budget_count), tonumber(a.budget_window_ms)
+  if cooldown > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+    status, reason = 'skipped', 'cooldown'
+  elseif count > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - window)
+    if redis.call('ZCARD', KEYS[5]) >= count then status, reason = 'skipped', 'budget_exhausted' end
+  end
+  if status == 'dispatched' and not dry then
+    if cooldown > 0 then redis.call('SET', KEYS[4], rid, 'PX', cooldown) end
+    if count > 0 then
+      redis.call('ZADD', KEYS[5], now, rid)
+      redis.call('PEXPIRE', KEYS[5], window)
+    end
+  end
+  if status == 'dispatched' and tonumber(a.approval) == 1 then status = 'pending_approval' end
+end
+if status ~= 'skipped' and dry then status = 'dry_run' end
+
+if mode == 'firing' then
+  redis.call('HSET', ep, 'open', a.start, 'rid', rid, 'st', status)
+  if status == 'pending_approval' then
+    redis.call('HSET', ep, 'holds', ((redis.call('HGET', ep, 'holds') or '') .. ' ' .. rid))
+  end
+  redis.call('PEXPIRE', ep, a.episode_ttl_ms)
+  if tonumber(a.undo) == 1 and (status == 'dispatched' or status == 'dry_run') then
+    if redis.call('EXISTS', ob) == 0 then
+      redis.call('HSET', ob, 'rid', rid, 'dry', status == 'dry_run' and '1' or '0', 'seen', now)
+    elseif status == 'dispatched' then
+      redis.call('HSET', ob, 'dry', '0', 'seen', now)
+    end
+    redis.call('PEXPIRE', ob, a.episode_ttl_ms)
+    redis.call('ZADD', open_z, a.ob_due_ms, a.ob_member)
+  end
+end
+
+redis.call('HSET', rec, 'status', status, 'reason', reason)
+for k, v in pairs(a.fields) do redis.call('HSET', rec, k, v) end
+local astatus = 'skipped'
+if status == 'dispatched' or status == 'pending_approval' then astatus = 'pending' end
+for i = 0, n - 1 do redis.call('HSET', rec, 'a:' .. i .. ':status', astatus) end
+if status == 'dispatched' then
+  redis.call('HSET', rec, 'dispatched_ms', now, 'expires_ms', a.expires_ms, 'cmd', a.command, 'sig', a.signature)
+  redis.call('XADD', mailbox, 'MAXLEN', '~', a.maxlen, '*', 'c', a.command, 's', a.signature)
+  redis.call('PUBLISH', a.channel, rid)
+  redis.call('ZADD', open_z, a.expires_ms, rid)
+elseif status == 'pending_approval' then
+  redis.call('HSET', rec, 'approve_by', a.approve_by_ms)
+  redis.call('ZADD', open_z, a.approve_by_ms, rid)
+end
+redis.call('PEXPIRE', rec, a.record_ttl_ms)
+redis.call('PEXPIRE', mailbox, a.record_ttl_ms)
+redis.call('PEXPIRE', open_z, a.record_ttl_ms)
+return {status, rid, reason}

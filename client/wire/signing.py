@@ -1,0 +1,153 @@
+"""Ed25519 signatures over a command's exact bytes: the service signs, agents and trainers verify.
+
+A shared HMAC key would not do: whoever can verify could also sign. Only the service holds the secret
+(TRAINMEDIC_SIGNING_KEY); appliers hold the public half (TRAINMEDIC_VERIFY_KEY), several for rotation.
+`cryptography` is imported on first use, so the base client needs it only when it verifies.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Iterable
+
+MIN_SECRET_BYTES = 32
+# Domain separation: the same secret used elsewhere never yields this key.
+_SEED_PREFIX = b"trainmedic-ed25519-v1:"
+
+
+class SigningError(ValueError):
+    """A key that cannot be used; one sentence naming what is wrong."""
+
+
+def _ed25519() -> Any:
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        raise SigningError("signed commands need the cryptography package: pip install 'trainmedic[agent]'") from None
+    return ed25519
+
+
+def private_key(secret: str) -> Any:
+    """The Ed25519 key of a signing secret: a PEM private key as it is, any other string (>= 32 bytes) hashed."""
+    ed = _ed25519()
+    text = secret.strip()
+    if text.startswith("-----BEGIN"):
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+        try:
+            key = load_pem_private_key(text.encode(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise SigningError(f"TRAINMEDIC_SIGNING_KEY is not a readable PEM private key ({exc})") from None
+        if not isinstance(key, ed.Ed25519PrivateKey):
+            raise SigningError("TRAINMEDIC_SIGNING_KEY is a PEM key, but not an Ed25519 one")
+        return key
+    if len(secret.encode()) < MIN_SECRET_BYTES:
+        raise SigningError(f"TRAINMEDIC_SIGNING_KEY must be at least {MIN_SECRET_BYTES} bytes long")
+    return ed.Ed25519PrivateKey.from_private_bytes(hashlib.sha256(_SEED_PREFIX + secret.encode()).digest())
+
+
+def public_b64(key: Any) -> str:
+    """The base64 of a key's raw 32-byte public half (what TRAINMEDIC_VERIFY_KEY holds)."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    pub = key.public_key() if hasattr(key, "public_key") else key
+    return base64.b64encode(pub.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def public_key(text: str) -> Any:
+    """One verify key: base64 of the raw 32 bytes, or a PEM public key or certificate holding an Ed25519 key."""
+    ed = _ed25519()
+    text = text.strip()
+    key: Any
+    if text.startswith("-----BEGIN CERTIFICATE"):
+        from cryptography import x509
+
+        try:
+            key = x509.load_pem_x509_certificate(text.encode()).public_key()
+        except ValueError as exc:
+            raise SigningError(f"a verify key is not a readable PEM certificate ({exc})") from None
+    elif text.startswith("-----BEGIN"):
+        from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+        try:
+            key = load_pem_public_key(text.encode())
+        except ValueError as exc:
+            raise SigningError(f"a verify key is not a readable PEM public key ({exc})") from None
+    else:
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise SigningError("a verify key is not base64 (TRAINMEDIC_VERIFY_KEY holds base64 keys, "
+                               "comma-separated)") from None
+        if len(raw) != 32:
+            raise SigningError(f"a verify key must be 32 bytes of base64, not {len(raw)}")
+        return ed.Ed25519PublicKey.from_public_bytes(raw)
+    if not isinstance(key, ed.Ed25519PublicKey):
+        raise SigningError("a verify key is not an Ed25519 key")
+    return key
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Signs command bytes with the service's key."""
+
+    key: Any
+
+    @classmethod
+    def from_secret(cls, secret: str) -> Signer:
+        return cls(private_key(secret))
+
+    @property
+    def public(self) -> str:
+        return public_b64(self.key)
+
+    def sign(self, data: bytes) -> str:
+        """The base64 signature of data."""
+        return base64.b64encode(self.key.sign(data)).decode()
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """Checks signatures against one or more public keys (rotation: any of them may have signed)."""
+
+    keys: tuple[Any, ...]
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> Verifier:
+        keys = tuple(public_key(t) for t in texts if t.strip())
+        if not keys:
+            raise SigningError("no verify key given")
+        return cls(keys)
+
+    def verify(self, data: bytes, signature: str | None) -> bool:
+        """Whether one of the keys signed data (False for a missing or malformed signature)."""
+        if not signature:
+            return False
+        try:
+            sig = base64.b64decode(signature, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        if len(sig) != 64:
+            return False
+        from cryptography.exceptions import InvalidSignature
+
+        for key in self.keys:
+            try:
+                key.verify(sig, data)
+                return True
+            except InvalidSignature:
+                continue
+        return False
+
+
+def verifier_from(verify_keys: Iterable[str], signing_key: str | None = None) -> Verifier | None:
+    """The verifier of TRAINMEDIC_VERIFY_KEY, else of the public half of TRAINMEDIC_SIGNING_KEY, else None."""
+    texts = [t for t in verify_keys if t.strip()]
+    if texts:
+        return Verifier.from_texts(texts)
+    if signing_key:
+        return Verifier((private_key(signing_key).public_key(),))
+    return None

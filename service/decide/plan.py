@@ -1,0 +1,57 @@
+"""Which (alert, playbook) pairs a notification asks to decide on; each alert is matched on its own labels."""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from collections.abc import Iterable
+
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.client.wire.records import Step
+
+from ..rules.alerts import Alert, AlertGroup, parse_alert
+from ..rules.playbooks import Playbook
+from ..rules.targets import Resolution, resolve
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One (alert, playbook) pair to decide on, with the target already resolved."""
+
+    playbook: Playbook
+    mode: str  # firing | resolved | timeout | manual
+    alert: Alert
+    resolution: Resolution
+    requested_by: str = "webhook"
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return self.playbook.on_resolved if self.mode in ("resolved", "timeout") else self.playbook.actions
+
+    @property
+    def target(self) -> keys.Target:
+        # Records of unusable labels are kept under an empty-named target of the playbook's kind.
+        return self.resolution.target or keys.Target(self.playbook.target, "")
+
+
+def plan(group: AlertGroup, playbooks: Iterable[Playbook]) -> list[Decision]:
+    """Every (alert, matching playbook) pair of a notification."""
+    playbooks = list(playbooks)
+    out = []
+    for alert in group.alerts:
+        for pb in playbooks:
+            if pb.matches(alert.labels):
+                out.append(Decision(pb, alert.status, alert, resolve(pb.target, alert.labels)))
+    return out
+
+
+def manual(playbook: Playbook, labels: dict, annotations: dict | None, requested_by: str) -> Decision:
+    """A person's trigger of a playbook (or of one ad-hoc action): a firing alert of its own, never a resend."""
+    now = rfc3339()
+    alert = parse_alert({
+        "status": "firing", "labels": {"alertname": f"manual:{playbook.name}", **labels},
+        "annotations": annotations, "startsAt": now,
+        "fingerprint": hashlib.sha256(f"{now}{time.perf_counter_ns()}".encode()).hexdigest()[:16],
+    }, "body")
+    return Decision(playbook, "manual", alert, resolve(playbook.target, alert.labels), requested_by)

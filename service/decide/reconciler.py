@@ -1,0 +1,230 @@
+"""The reconciler: owns every record until it is terminal and true (CONTRACT "Guarantees").
+
+It runs in every service replica (a thread in each gunicorn worker) and stays correct when several run at
+once or one dies: each step is one atomic script in the target's slot, and a short lease only saves work.
+It expires what nobody took, offers again what a process that is gone had claimed, ends the rest lost,
+expires holds nobody approved, and runs on_resolved when Alertmanager never sends a resolve.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Callable, Sequence
+
+import redis
+
+from trainmedic.client.wire import keys, records
+from trainmedic.client.wire.protocol import rfc3339
+
+from ..rules.alerts import Alert, episode_start
+from ..rules.playbooks import Playbook
+from ..rules.targets import Resolution
+from .alertmanager import Alertmanager
+from .dispatch import Dispatcher
+from .plan import Decision
+
+log = logging.getLogger("trainmedic.reconciler")
+
+RESET_BANNER_SECONDS = 86400.0
+
+
+@dataclass(frozen=True)
+class ReconcilerSettings:
+    """How the reconciler paces itself."""
+
+    interval: float = 1.0
+    # A delivered command is lost this long after its expiry (CONTRACT: terminal by expire_after + 30 s).
+    grace: float = 20.0
+    # How often a delivered, unacknowledged command is checked for a process that is gone.
+    recheck: float = 10.0
+    mailbox_maxlen: int = 100
+    history_max: int = 1_000_000
+    targets_per_tick: int = 500
+    alertmanager_poll: float = 30.0
+
+
+@dataclass
+class TickReport:
+    """What one pass did (for tests, logs and benchmarks)."""
+
+    targets: int = 0
+    changed: list[tuple[str, str]] = field(default_factory=list)
+    resolved: list[str] = field(default_factory=list)
+    trimmed: int = 0
+    reset: bool = False
+
+
+class Reconciler:
+    """Brings due records to the truth, one target at a time, on a timer or when called."""
+
+    def __init__(self, r: Any, dispatcher: Dispatcher, playbooks: Sequence[Playbook],
+                 settings: ReconcilerSettings = ReconcilerSettings(), alertmanager: Alertmanager | None = None,
+                 on_change: Callable[[str, str], None] | None = None):
+        self.r = r
+        self.dispatcher = dispatcher
+        self.playbooks = {p.name: p for p in playbooks}
+        self.settings = settings
+        self.alertmanager = alertmanager
+        self.on_change = on_change
+        self.scripts = records.Scripts(r)
+        self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    # -- the keyspace's epoch: a Redis that came back empty is noticed, counted and shown
+    def mark_epoch(self) -> None:
+        """Write the epoch marker of a keyspace that has none (the service's first start)."""
+        self.r.set(keys.EPOCH, rfc3339(), nx=True)
+
+    def _check_epoch(self) -> bool:
+        if self.r.exists(keys.EPOCH):
+            return False
+        if not self.r.set(keys.EPOCH, rfc3339(), nx=True):
+            return False  # another reconciler saw it first
+        pipe = self.r.pipeline(transaction=False)
+        pipe.incr(keys.RESETS)
+        pipe.set(keys.RESETS + ":at", rfc3339(), ex=int(RESET_BANNER_SECONDS))
+        pipe.execute()
+        log.error("Redis came back without trainmedic's data (restarted without persistence, flushed, or a "
+                  "failover to an empty replica): records, episodes and cooldowns before now are gone; the "
+                  "appliers' own state still keeps any command from being applied twice")
+        return True
+
+    # -- one pass
+    def tick(self, now: float | None = None) -> TickReport:
+        """One pass over every target with something due (call it directly in tests)."""
+        now = time.time() if now is None else now
+        report = TickReport(reset=self._check_epoch())
+        active: set[str] | None = None
+        asked = False
+        due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
+        for label in due:
+            target = keys.parse_label(label)
+            if target is None:
+                self.r.zrem(keys.DUE, label)
+                continue
+            done = records.reconcile(self.scripts, target, now, grace=self.settings.grace,
+                                     recheck=self.settings.recheck, maxlen=self.settings.mailbox_maxlen)
+            report.targets += 1
+            report.changed.extend(done.changed)
+            for member in done.obligations:
+                if not asked and self.alertmanager is not None:
+                    active, asked = self.alertmanager.active_fingerprints(), True
+                rid = self._obligation(target, member, now, active)
+                if rid:
+                    report.resolved.append(rid)
+            self._reschedule(target, label)
+        report.trimmed = self._retention()
+        for rid, status in report.changed:
+            if self.on_change is not None:
+                self.on_change(rid, status)
+        return report
+
+    def _reschedule(self, target: keys.Target, label: str) -> None:
+        # Set the target's due time from its own items. A webhook may add an earlier item meanwhile: its
+        # ZADD LT either lands after ours, or is restored by the second read below.
+        first = self.r.zrange(keys.due_items(target), 0, 0, withscores=True)
+        if first:
+            self.r.zadd(keys.DUE, {label: int(first[0][1])}, xx=True)
+        else:
+            self.r.zrem(keys.DUE, label)
+        again = self.r.zrange(keys.due_items(target), 0, 0, withscores=True)
+        if again:
+            self.r.zadd(keys.DUE, {label: int(again[0][1])}, lt=True)
+
+    def _obligation(self, target: keys.Target, member: str, now: float, active: set[str] | None) -> str | None:
+        """An alert whose on_resolved is owed: run it when the alert is over; else look again later."""
+        _, pb_name, fingerprint = member.split("|", 2)
+        pb = self.playbooks.get(pb_name)
+        ob_key = keys.obligation(target, pb_name, fingerprint)
+        ob = self.r.hgetall(ob_key)
+        if not ob or pb is None:
+            # Discharged meanwhile, or its playbook is gone from this service: nothing to run.
+            self.r.zrem(keys.due_items(target), member)
+            return None
+        seen = int(ob.get("seen") or 0) / 1000
+        if active is not None:
+            over = fingerprint not in active
+            later = now + self.settings.alertmanager_poll
+        else:
+            over = now >= seen + pb.resolve_timeout
+            later = seen + pb.resolve_timeout
+        if not over:
+            self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
+            return None
+        rec = self.r.hgetall(keys.record(ob["rid"])) if ob.get("rid") else {}
+        alert = _alert_of(rec, fingerprint)
+        context = records.loads_or(rec.get("context"), {}) if rec else {}
+        outcome = self.dispatcher.decide_one(
+            Decision(pb, "timeout", alert, Resolution(target, context), requested_by="reconciler"), now)
+        log.info("on_resolved of %s for %s ran without a resolve notification (%s): %s", pb_name, target.label,
+                 "Alertmanager no longer lists the alert" if active is not None else "resolve_timeout passed",
+                 outcome.status, extra={"remediation_id": outcome.record_id, "fingerprint": fingerprint,
+                                        "target": target.label})
+        return outcome.record_id if outcome.new else None
+
+    def _retention(self) -> int:
+        """Delete the oldest records beyond TRAINMEDIC_HISTORY_MAX (age is each record's own TTL)."""
+        excess = int(self.r.zcard(keys.HISTORY)) - self.settings.history_max
+        if excess <= 0:
+            return 0
+        ids = self.r.zrange(keys.HISTORY, 0, min(excess, 10_000) - 1)
+        pipe = self.r.pipeline(transaction=False)
+        for rid in ids:
+            pipe.delete(keys.record(rid))
+        pipe.zrem(keys.HISTORY, *ids)
+        pipe.execute()
+        return len(ids)
+
+    # -- running in the background
+    def start(self) -> Reconciler:
+        """Tick every `interval` seconds in a daemon thread until stop()."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainmedic-reconciler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _leader(self) -> bool:
+        # One reconciler ticks at a time; another takes over when this one's lease lapses.
+        ttl = int(self.settings.interval * 3000)
+        if self.r.set(keys.RECONCILER_LEASE, self.identity, nx=True, px=ttl):
+            return True
+        if self.r.get(keys.RECONCILER_LEASE) == self.identity:
+            self.r.pexpire(keys.RECONCILER_LEASE, ttl)
+            return True
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.interval):
+            try:
+                if self._leader():
+                    self.tick()
+                if self._failing:
+                    self._failing = False
+                    log.info("reconciler: Redis reachable again")
+            except redis.RedisError as exc:
+                if not self._failing:
+                    self._failing = True
+                    log.warning("reconciler: Redis unavailable (%s); retrying", exc)
+            except Exception:  # a bug must not stop reconciling for good
+                log.exception("reconciler: a pass failed")
+
+
+def _alert_of(rec: dict, fingerprint: str) -> Alert:
+    """The alert a record was made for (what on_resolved records show)."""
+    a = records.loads_or(rec.get("alert"), {}) if rec else {}
+    labels = {str(k): str(v) for k, v in (a.get("labels") or {}).items()}
+    starts = str(a.get("starts_at") or rfc3339(0))
+    return Alert(status="resolved", labels=labels, annotations={}, starts_at=starts, ends_at="",
+                 fingerprint=fingerprint, episode_start=episode_start(starts), generator_url=a.get("generator_url", ""))

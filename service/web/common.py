@@ -1,0 +1,82 @@
+"""What the views share: the app's extension, the JSON body of a write, the live targets."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from flask import current_app, request
+
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.actions import is_finite_number
+from trainmedic.client.wire.protocol import LIVE_WINDOW, rfc3339
+
+from ..errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+
+def ext() -> Any:
+    """The app's trainmedic Extension (settings, Redis, playbooks, dispatcher, reconciler, metrics)."""
+    return current_app.extensions["trainmedic"]
+
+
+def _no_constant(name: str) -> Any:
+    # json.loads takes NaN, Infinity and -Infinity unless told otherwise: numbers must be finite.
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not is_finite_number(value):
+        raise ValueError(f"{text} is too large to be a finite number")
+    return value
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {dup!r} appears twice in one object")
+    return out
+
+
+def read_json() -> Any:
+    """The request's JSON body, or the contract's 413 / 415 / 400 with one sentence."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"the body is larger than {limit // 1024} KiB")
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType("the body must be sent as Content-Type: application/json")
+    data = request.get_data(cache=False)
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float,
+                          object_pairs_hook=_unique)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest("the JSON body is nested too deeply") from None
+    except ValueError as exc:
+        why = str(exc) if "finite" in str(exc) or "twice" in str(exc) else ""
+        raise BadRequest(f"the body is not valid JSON{': ' + why if why else ''}") from None
+
+
+def live_targets(r: Any) -> list[dict]:
+    """Training clients and node agents with a recent heartbeat, sorted by kind and name."""
+    now = time.time()
+    r.zremrangebyscore(keys.TARGETS, "-inf", now - 86400)
+    labels = r.zrangebyscore(keys.TARGETS, now - LIVE_WINDOW, "+inf")
+    pipe = r.pipeline(transaction=False)
+    for label in labels:
+        kind, _, name = label.partition(":")
+        pipe.get(keys.heartbeat(keys.Target(kind, name)))
+    out = []
+    for label, raw in zip(labels, pipe.execute()):
+        if not raw:
+            continue
+        info = json.loads(raw)
+        kind, _, name = label.partition(":")
+        seen = float(info.pop("last_seen", 0))
+        out.append({**info, "kind": kind, "name": name, "last_seen": rfc3339(seen),
+                    "age_seconds": round(now - seen, 3)})
+    out.sort(key=lambda t: (t["kind"], t["name"]))
+    return out
