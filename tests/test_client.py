@@ -288,7 +288,6 @@ def test_the_heartbeat_shows_the_job_on_get_targets(r: redis.Redis, jobs_http: A
 def test_poll_never_raises_even_when_applying_blows_up(loops: Any, caplog: Any) -> None:
     loop = loops(start=False)
     loop.rc.optimizer = object()  # not an optimizer at all: scale_lr fails inside
-    import collections
 
     from trainmedic.client.receiver.mailbox import Entry
     from trainmedic.client.wire.protocol import ActionCall, Command
