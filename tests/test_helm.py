@@ -30,6 +30,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.cli_contract import check_command
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "trainmedic"
 RELEASE, NAMESPACE = "tm", "ml-infra"
@@ -356,6 +358,12 @@ def test_the_service_answers_its_dns_names_and_ingress_hosts(rendered: dict, val
         assert public == f"https://{ingress['spec']['rules'][0]['host']}"  # its host is in tls
     if not ingresses:
         assert public == f"http://{service}.{NAMESPACE}.svc:9095"
+
+
+@pytest.mark.parametrize("values_name", sorted(VALUE_SETS))
+def test_the_cli_accepts_the_commands_the_chart_runs(rendered: dict, values_name: str) -> None:
+    for workload in (o for o in rendered[values_name] if o["kind"] in ("Deployment", "DaemonSet")):
+        check_command(container(workload)["command"])
 
 
 def test_optional_service_settings_reach_the_environment(rendered: dict) -> None:
