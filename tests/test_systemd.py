@@ -44,7 +44,7 @@ KNOWN = {  # the fallback's directive list, for machines without systemd: every 
                 "ProtectKernelLogs", "ProtectControlGroups", "ProtectProc", "ProcSubset",
                 "CapabilityBoundingSet", "AmbientCapabilities", "RestrictAddressFamilies", "RestrictNamespaces",
                 "RestrictRealtime", "RestrictSUIDSGID", "LockPersonality", "RemoveIPC",
-                "SystemCallArchitectures", "SystemCallFilter", "UMask"},
+                "SystemCallArchitectures", "SystemCallFilter", "SystemCallErrorNumber", "UMask"},
     "Install": {"WantedBy"},
 }
 SECRET_WORDS = re.compile(r"token|secret|signing|verify|password|key", re.I)
