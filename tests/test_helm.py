@@ -163,6 +163,28 @@ def test_helm_lint_does_report_a_broken_template(tmp_path: Path) -> None:
     assert report["errors"] or any(m["severity"] >= 3 for m in report["messages"]), report
 
 
+@pytest.mark.parametrize("values, where", [
+    ({"agent": {"allowroots": ["/scratch"]}}, "allowroots"),                 # a typo is not ignored
+    ({"agent": {"allowRoots": ["/"]}}, "allowRoots"),                         # never the whole host
+    ({"agent": {"allowRoots": ["/data/../etc"]}}, "allowRoots"),
+    ({"agent": {"allowRoots": ["scratch"]}}, "allowRoots"),
+    ({"agent": {"powerActions": {"enabled": "yes"}}}, "powerActions"),
+    ({"agent": {"scheduler": "pbs"}}, "scheduler"),
+    ({"redis": {"url": "http://redis:6379"}}, "redis"),
+    ({"server": {"workers": 0}}, "workers"),
+    ({"secrets": {"webhookToken": "short"}}, "webhookToken"),
+])
+def test_values_the_schema_refuses(values: dict, where: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=where):
+        render(values)
+
+
+def test_an_allow_root_may_not_be_a_folder_the_agent_mounts_for_itself() -> None:
+    for root in (STATE_DIR, "/tmp", SECRET_DIR):
+        with pytest.raises(helm.HelmError, match="allowRoots"):
+            render({"agent": {"allowRoots": [root]}})
+
+
 def test_the_default_values_render_the_service_the_agent_and_a_secret(rendered: dict) -> None:
     assert kinds(rendered["defaults"]) == {"Deployment", "Service", "DaemonSet", "Secret"}
     names = {(o["kind"], o["metadata"]["name"]) for o in rendered["defaults"]}
