@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 from trainmedic.service.cli import parser
 

@@ -22,7 +22,7 @@ import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import helm_python as helm
 import jsonschema
@@ -498,7 +498,7 @@ def test_prometheus_rule_carries_the_repository_rules_verbatim(rendered: dict) -
 
 
 def test_notes_say_how_to_wire_alertmanager_and_trainers() -> None:
-    notes = render({})[f"trainmedic/templates/NOTES.txt"]
+    notes = render({})["trainmedic/templates/NOTES.txt"]
     assert f"url: http://{FULLNAME}.{NAMESPACE}.svc:9095/webhook" in notes
     assert "send_resolved: true" in notes and "max_alerts: 0" in notes and "credentials_file:" in notes
     assert "verify-key" in notes and "operator-token" in notes
@@ -575,7 +575,7 @@ class _FakeApiServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "_FakeApiServer":
+    def __enter__(self) -> _FakeApiServer:
         self.thread.start()
         return self
 
