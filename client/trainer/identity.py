@@ -1,23 +1,31 @@
-"""The training job's name: what its alerts' job_name label says, from the arguments or the scheduler."""
+"""Which job a training process is: the name its alerts carry as `job_name`."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
-from ..wire.keys import TARGET_NAME_RE
+from trainmedic.client.wire.keys import TARGET_NAME_RE
+
+_DIGITS = re.compile(r"^[0-9]{1,20}\Z")
 
 
 def job_name(job: str | None, environ: Mapping[str, str]) -> str:
-    """`job`, else TRAINMEDIC_JOB, else SLURM_JOB_NAME when it is a valid name, else slurm-<SLURM_JOB_ID>."""
-    for name in (job, environ.get("TRAINMEDIC_JOB")):
-        if name:
-            if not TARGET_NAME_RE.match(name):
-                raise ValueError(f"the job name {name!r} must be 1 to 128 letters, digits or _.:@-")
-            return name
-    slurm = environ.get("SLURM_JOB_NAME") or ""
-    if TARGET_NAME_RE.match(slurm):
-        return slurm
-    job_id = environ.get("SLURM_JOB_ID") or ""
-    if job_id.isascii() and job_id.isdigit():
-        return f"slurm-{job_id}"
-    raise ValueError("no job name: pass job=, or set TRAINMEDIC_JOB (under Slurm, the job's name is used); it "
-                     "must equal the job_name label of the job's alerts")
+    """`job`, else TRAINMEDIC_JOB, else SLURM_JOB_NAME when it is a valid target name, else slurm-<SLURM_JOB_ID>.
+
+    A name given explicitly (`job` or TRAINMEDIC_JOB) must be valid: it is never silently replaced by another.
+    Raises ValueError with one sentence when no name can be found.
+    """
+    for given, where in ((job, "job="), (environ.get("TRAINMEDIC_JOB"), "TRAINMEDIC_JOB")):
+        if given:
+            if not isinstance(given, str) or not TARGET_NAME_RE.match(given):
+                raise ValueError(f"The job name {str(given)[:140]!r} from {where} is not valid: use 1 to 128 letters, "
+                                 "digits and _.:@- (not only dots), the same as the job_name label of its alerts.")
+            return given
+    slurm_name = environ.get("SLURM_JOB_NAME") or ""
+    if TARGET_NAME_RE.match(slurm_name):
+        return slurm_name
+    slurm_id = environ.get("SLURM_JOB_ID") or ""
+    if _DIGITS.match(slurm_id):
+        return f"slurm-{slurm_id}"
+    raise ValueError("No job name: pass job= to RemediationClient or set TRAINMEDIC_JOB (or run under Slurm) to "
+                     "the job_name label of its alerts, 1 to 128 letters, digits and _.:@-.")

@@ -1,0 +1,365 @@
+"""drain_node / resume_node against a real one-node Slurm (munged, slurmctld, slurmd), and job names from Slurm.
+
+No mocks: every test drives Debian's Slurm 22.05 daemons that tests/support/slurm.py starts once per module.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from trainmedic.client.agent.slurm import REASON_MAX, DictMemory, SlurmNode
+from trainmedic.client.receiver.outcome import ActionFailed, ActionSkipped
+from trainmedic.client.trainer.identity import job_name
+
+from tests.support.slurm import SlurmCluster, free_port
+
+NODE = "tmnode1"
+
+
+def rid(n: int) -> str:
+    """A record id as the service makes them: 26 time-sortable characters ~ kind ~ target."""
+    return f"01J{n:023d}~node~{NODE}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), node_name=NODE).start()
+    print(f"\nslurm up in {c.bringup_s:.2f}s")
+    yield c
+    c.stop()
+    print(f"\nslurm down in {c.teardown_s:.2f}s")
+
+
+@pytest.fixture
+def slurm(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with an idle node and no jobs, before and after each test."""
+    _reset(cluster)
+    yield cluster
+    _reset(cluster)
+
+
+def _reset(c: SlurmCluster) -> None:
+    c.cancel_all()
+    c.resume_by_hand()
+    wait_for(lambda: c.node_state() == "IDLE", "the node to be IDLE", c)
+
+
+def wait_for(cond, what: str, c: SlurmCluster, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"waited {timeout:.0f}s for {what}; node is {c.node_state()} ({c.reason()!r})")
+
+
+@pytest.fixture
+def node(slurm: SlurmCluster) -> SlurmNode:
+    return SlurmNode(NODE, env=slurm.env)
+
+
+# -- state
+
+
+def test_cluster_comes_up_quickly_with_an_idle_node(cluster: SlurmCluster) -> None:
+    assert cluster.bringup_s is not None and cluster.bringup_s < 15
+    assert cluster.node_state() == "IDLE"
+
+
+def test_state_reads_sinfo_json(node: SlurmNode) -> None:
+    assert node.state() == {"node": NODE, "state": "IDLE", "flags": [], "reason": None, "reason_set_by": None}
+
+
+# -- drain and resume
+
+
+def test_drain_keeps_new_jobs_pending_and_resume_lets_them_run(slurm: SlurmCluster, node: SlurmNode) -> None:
+    memory = DictMemory()
+    result = node.drain(rid(1), "GPU 3 is too hot", memory)
+
+    assert result["before"]["state"] == "IDLE" and "DRAIN" not in result["before"]["flags"]
+    assert "DRAIN" in result["after"]["flags"]
+    assert result["after"]["reason"] == f"trainmedic {rid(1)}: GPU 3 is too hot"
+    assert memory.ours(NODE) == rid(1)
+    # What people see: sinfo -R lists the node with trainmedic's reason and the record id.
+    listing = slurm.run("sinfo", "-R", "-h", "-o", "%E|%N").stdout
+    assert f"trainmedic {rid(1)}: GPU 3 is too hot|{NODE}" in listing.splitlines()
+    assert slurm.node_state() == "IDLE+DRAIN"
+
+    job = slurm.submit("sleep 1\necho ran\n", "waits-for-resume")
+    time.sleep(2.0)  # an idle, undrained node starts it within a fraction of a second
+    assert slurm.job_state(job) == "PENDING"
+
+    result = node.resume(memory)
+    assert "DRAIN" in result["before"]["flags"] and result["record_id"] == rid(1)
+    assert "DRAIN" not in result["after"]["flags"]
+    assert memory.ours(NODE) is None
+    assert slurm.wait_job(job, ("RUNNING", "COMPLETED")) in ("RUNNING", "COMPLETED")
+    assert slurm.wait_job(job, ("COMPLETED",)) == "COMPLETED"
+    assert slurm.job_output(job) == "ran\n"
+    wait_for(lambda: slurm.node_state() == "IDLE", "the node to be IDLE again", slurm)
+    assert slurm.reason() == ""
+
+
+def test_drain_of_a_busy_node_lets_its_running_job_finish(slurm: SlurmCluster, node: SlurmNode) -> None:
+    job = slurm.submit("sleep 2\necho finished\n", "running-before-drain", f"--cpus-per-task={slurm.cpus}")
+    slurm.wait_job(job, ("RUNNING",))
+    memory = DictMemory()
+
+    result = node.drain(rid(2), "ECC errors", memory)
+
+    assert result["before"]["state"] in ("ALLOCATED", "MIXED")
+    assert "DRAIN" in result["after"]["flags"]
+    assert slurm.node_state() in ("ALLOCATED+DRAIN", "MIXED+DRAIN")  # DRAINING: the job goes on
+    assert slurm.wait_job(job, ("COMPLETED",)) == "COMPLETED"
+    assert slurm.job_output(job) == "finished\n"
+    wait_for(lambda: slurm.node_state() == "IDLE+DRAIN", "the node to be DRAINED", slurm)
+    node.resume(memory)
+
+
+def test_drain_again_by_the_same_record_reports_it_once_more(slurm: SlurmCluster, node: SlurmNode) -> None:
+    memory = DictMemory()
+    node.drain(rid(3), "first", memory)
+    again = node.drain(rid(3), "first", memory)
+    assert again["already"] is True and "DRAIN" in again["after"]["flags"]
+    # Another trainmedic record does not take over a drain it did not make.
+    with pytest.raises(ActionSkipped) as exc:
+        node.drain(rid(4), "second", memory)
+    assert exc.value.result["reason"] == "already_drained"
+    assert rid(3) in exc.value.result["message"]
+    assert slurm.reason() == f"trainmedic {rid(3)}: first"
+    assert memory.ours(NODE) == rid(3)
+
+
+def test_a_node_drained_by_hand_is_left_as_it_is(slurm: SlurmCluster, node: SlurmNode) -> None:
+    slurm.drain_by_hand("replacing DIMM 4 (ticket OPS-17)")
+    memory = DictMemory()
+
+    with pytest.raises(ActionSkipped) as exc:
+        node.resume(memory)
+    assert exc.value.result["reason"] == "not_ours"
+    assert "replacing DIMM 4" in exc.value.result["message"]
+    assert exc.value.result["before"]["reason"] == "replacing DIMM 4 (ticket OPS-17)"
+
+    with pytest.raises(ActionSkipped) as exc:
+        node.drain(rid(5), "GPU too hot", memory)
+    assert exc.value.result["reason"] == "already_drained"
+    assert "DRAIN" in exc.value.result["before"]["flags"]
+
+    assert slurm.node_state() == "IDLE+DRAIN"
+    assert slurm.reason() == "replacing DIMM 4 (ticket OPS-17)"
+    assert memory.ours(NODE) is None
+
+
+def test_a_drain_people_took_over_is_not_resumed(slurm: SlurmCluster, node: SlurmNode) -> None:
+    """trainmedic drained the node, then an operator drained it again with their own reason: theirs now."""
+    memory = DictMemory()
+    node.drain(rid(6), "GPU too hot", memory)
+    slurm.drain_by_hand("keep drained: fan broken")
+
+    with pytest.raises(ActionSkipped) as exc:
+        node.resume(memory)
+
+    assert exc.value.result["reason"] == "not_ours"
+    assert slurm.node_state() == "IDLE+DRAIN"
+    assert slurm.reason() == "keep drained: fan broken"
+    assert memory.ours(NODE) is None
+
+
+def test_resume_of_a_node_that_is_not_drained_is_skipped(slurm: SlurmCluster, node: SlurmNode) -> None:
+    memory = DictMemory({NODE: rid(7)})  # remembered, but someone resumed the node meanwhile
+    with pytest.raises(ActionSkipped) as exc:
+        node.resume(memory)
+    assert exc.value.result["reason"] == "not_drained"
+    assert "not drained" in exc.value.result["message"]
+    assert memory.ours(NODE) is None
+    assert slurm.node_state() == "IDLE"
+
+
+def test_dry_run_changes_nothing(slurm: SlurmCluster, node: SlurmNode) -> None:
+    memory = DictMemory()
+    with pytest.raises(ActionSkipped) as exc:
+        node.drain(rid(8), "would drain", memory, dry_run=True)
+    skipped = exc.value.result
+    assert skipped["reason"] == "dry_run"
+    assert skipped["argv"] == ["scontrol", "update", f"NodeName={NODE}", "State=DRAIN",
+                               f'Reason="trainmedic {rid(8)}: would drain"']
+    assert "DRAIN" in skipped["would_be"]["flags"]
+    time.sleep(0.3)
+    assert slurm.node_state() == "IDLE" and slurm.reason() == ""
+    assert memory.ours(NODE) is None
+
+    node.drain(rid(8), "really", memory)
+    with pytest.raises(ActionSkipped) as exc:
+        node.resume(memory, dry_run=True)
+    assert exc.value.result["reason"] == "dry_run"
+    assert exc.value.result["argv"] == ["scontrol", "update", f"NodeName={NODE}", "State=RESUME"]
+    time.sleep(0.3)
+    assert slurm.node_state() == "IDLE+DRAIN"
+    assert memory.ours(NODE) == rid(8)
+    node.resume(memory)
+
+
+def test_a_hostile_reason_is_one_capped_line_in_slurm(slurm: SlurmCluster, node: SlurmNode) -> None:
+    hostile = ('line one\nState=RESUME Reason="x"\r\n\t$(reboot); `id` \x1b[31mred\x00\u2028' + "A" * 10_000
+               + 'he said "stop"')
+    memory = DictMemory()
+    result = node.drain(rid(9), hostile, memory)
+
+    stored = slurm.reason()
+    prefix = f"trainmedic {rid(9)}: "
+    assert stored == result["slurm_reason"] == result["after"]["reason"]
+    assert stored.startswith(prefix + 'line one State=RESUME Reason="x" $(reboot); `id` [31mred A')
+    assert len(stored) == len(prefix) + REASON_MAX
+    assert all(ch.isprintable() for ch in stored)
+    assert slurm.node_state() == "IDLE+DRAIN"  # the newline did not smuggle in a State=RESUME
+    node.resume(memory)
+
+
+def test_a_reason_ending_in_a_quote_keeps_it(slurm: SlurmCluster, node: SlurmNode) -> None:
+    memory = DictMemory()
+    node.drain(rid(10), 'ops said "drain"', memory)
+    assert slurm.reason() == f'trainmedic {rid(10)}: ops said "drain"'
+    assert node.resume(memory)["record_id"] == rid(10)
+
+
+def test_an_empty_reason_still_names_the_record(slurm: SlurmCluster, node: SlurmNode) -> None:
+    memory = DictMemory()
+    node.drain(rid(11), None, memory)
+    assert slurm.reason() == f"trainmedic {rid(11)}"
+    node.resume(memory)
+    assert slurm.node_state() in ("IDLE", "IDLE+NOT_RESPONDING")
+
+
+# -- failures: one sentence each
+
+
+def _one_sentence(exc: ActionFailed) -> str:
+    text = exc.reason
+    assert "\n" not in text and text.endswith(".") and text[0].isupper()
+    return text
+
+
+def test_a_node_slurm_does_not_know_fails_in_one_sentence(slurm: SlurmCluster) -> None:
+    memory = DictMemory()
+    with pytest.raises(ActionFailed) as exc:
+        SlurmNode("gpu-node-99", env=slurm.env).drain(rid(12), "hot", memory)
+    assert _one_sentence(exc.value) == "Slurm knows no node named gpu-node-99 (set the agent's --slurm-node)."
+    assert memory.ours("gpu-node-99") is None
+    assert slurm.node_state() == "IDLE"
+
+
+def test_scontrol_missing_fails_in_one_sentence(slurm: SlurmCluster) -> None:
+    memory = DictMemory()
+    node = SlurmNode(NODE, scontrol="/nonexistent/scontrol", env=slurm.env)
+    with pytest.raises(ActionFailed) as exc:
+        node.drain(rid(13), "hot", memory)
+    assert "/nonexistent/scontrol is not installed" in _one_sentence(exc.value)
+    assert exc.value.result["returncode"] is None
+    assert memory.ours(NODE) is None  # remembered only while the drain could have happened
+    assert slurm.node_state() == "IDLE"
+
+
+def test_a_failing_sinfo_gives_its_exit_status_and_first_stderr_line(slurm: SlurmCluster, tmp_path) -> None:
+    broken = tmp_path / "slurm.conf"
+    broken.write_text(slurm.conf.read_text() + "NoSuchSetting=1\n")
+    with pytest.raises(ActionFailed) as exc:
+        SlurmNode(NODE, env={**slurm.env, "SLURM_CONF": str(broken)}).drain(rid(15), "hot", DictMemory())
+    text = _one_sentence(exc.value)
+    assert text == ("Could not read the node's state: sinfo --json exited with status 1: "
+                    "sinfo: error: _parse_next_key: Parsing error at unrecognized key: NoSuchSetting.")
+    assert exc.value.result["returncode"] == 1
+    assert exc.value.result["stderr"] == ("sinfo: error: _parse_next_key: Parsing error at unrecognized key: "
+                                          "NoSuchSetting")
+
+
+def test_a_controller_that_cannot_be_reached_fails_in_one_sentence(slurm: SlurmCluster, tmp_path) -> None:
+    elsewhere = tmp_path / "slurm.conf"  # the same cluster, but slurmctld "moved" to a port where nothing listens
+    lines = [line for line in slurm.conf.read_text().splitlines() if not line.startswith("SlurmctldPort=")]
+    elsewhere.write_text("\n".join([*lines, f"SlurmctldPort={free_port()}", "MessageTimeout=2", ""]))
+    with pytest.raises(ActionFailed) as exc:
+        SlurmNode(NODE, env={**slurm.env, "SLURM_CONF": str(elsewhere)}).resume(DictMemory())
+    assert _one_sentence(exc.value) == ("Could not read the node's state: sinfo --json got no answer from slurmctld "
+                                        "(Unspecified error, errno -1; is slurmctld up and reachable?).")
+
+
+def test_json_that_is_not_node_json_fails_in_one_sentence(slurm: SlurmCluster) -> None:
+    # squeue --json is real Slurm JSON, of jobs: not what the node's state is read from.
+    with pytest.raises(ActionFailed) as exc:
+        SlurmNode(NODE, sinfo="squeue", env=slurm.env).state()
+    assert _one_sentence(exc.value) == ("Could not read the node's state: squeue --json printed something that "
+                                        "is not Slurm's node JSON.")
+
+
+def test_a_controller_that_does_not_answer_times_out(slurm: SlurmCluster) -> None:
+    pid = slurm.pids["slurmctld"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ActionFailed) as exc:
+            SlurmNode(NODE, env=slurm.env, timeout=1.0).drain(rid(14), "hot", DictMemory())
+        assert time.monotonic() - t0 < 5
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert _one_sentence(exc.value) == ("Could not read the node's state: sinfo --json did not answer within 1 "
+                                        "seconds (is slurmctld up and reachable?).")
+
+
+def test_bad_names_are_refused_before_any_command(slurm: SlurmCluster) -> None:
+    with pytest.raises(ValueError):
+        SlurmNode("node1 State=RESUME")
+    with pytest.raises(ActionFailed) as exc:
+        SlurmNode(NODE, env=slurm.env).drain("x Reason=evil", "hot", DictMemory())
+    assert "is not a trainmedic record id" in _one_sentence(exc.value)
+    assert slurm.node_state() == "IDLE"
+
+
+# -- the training client's job name
+
+
+IDENTITY = ("unset TRAINMEDIC_JOB\n"
+            f"exec {sys.executable} -c 'import os; from trainmedic.client.trainer.identity import job_name; "
+            "print(job_name(None, os.environ))'\n")
+
+
+@pytest.mark.parametrize("name, expected", [("llama-ft-01", "{name}"), ("bad name!", "slurm-{job}")])
+def test_a_slurm_job_knows_its_name(slurm: SlurmCluster, name: str, expected: str) -> None:
+    job = slurm.submit(IDENTITY, name)
+    assert slurm.wait_job(job, ("COMPLETED", "FAILED")) == "COMPLETED", slurm.job_output(job)
+    assert slurm.job_output(job) == expected.format(name=name, job=job) + "\n"
+
+
+def test_job_name_precedence() -> None:
+    slurm_env = {"SLURM_JOB_NAME": "from-slurm", "SLURM_JOB_ID": "4242"}
+    assert job_name("given", {"TRAINMEDIC_JOB": "env", **slurm_env}) == "given"
+    assert job_name(None, {"TRAINMEDIC_JOB": "env", **slurm_env}) == "env"
+    assert job_name("", {"TRAINMEDIC_JOB": "", **slurm_env}) == "from-slurm"
+    assert job_name(None, slurm_env) == "from-slurm"
+    assert job_name(None, {"SLURM_JOB_NAME": "a:b@c_d.e-f", "SLURM_JOB_ID": "1"}) == "a:b@c_d.e-f"
+    for bad in ("bad name!", "..", ".", "x" * 129, "sbatch\n", "", "naïve"):
+        assert job_name(None, {"SLURM_JOB_NAME": bad, "SLURM_JOB_ID": "4242"}) == "slurm-4242"
+    assert job_name(None, {"SLURM_JOB_ID": "17"}) == "slurm-17"
+
+
+def test_job_name_refuses_what_it_cannot_use() -> None:
+    for environ in ({}, {"SLURM_JOB_NAME": "bad name!"}, {"SLURM_JOB_ID": "12a"}, {"SLURM_JOB_ID": "-1"}):
+        with pytest.raises(ValueError) as exc:
+            job_name(None, environ)
+        assert "TRAINMEDIC_JOB" in str(exc.value) and "\n" not in str(exc.value)
+    # A name given on purpose is never swapped for another one.
+    for job, environ in (("bad name", {"SLURM_JOB_NAME": "ok"}), (None, {"TRAINMEDIC_JOB": "..", "SLURM_JOB_ID": "1"})):
+        with pytest.raises(ValueError) as exc:
+            job_name(job, environ)
+        assert "is not valid" in str(exc.value)
+
+
+def test_the_client_package_never_imports_the_service() -> None:
+    code = ("import sys, trainmedic.client.agent.slurm, trainmedic.client.trainer.identity; "
+            "print(sorted(m for m in sys.modules if m.startswith('trainmedic.service')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
