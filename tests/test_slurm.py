@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from trainmedic.client.agent.slurm import REASON_MAX, DictMemory, SlurmNode
-from trainmedic.client.receiver.outcome import ActionFailed, ActionSkipped
+from trainmedic.client.receiver.applier import ActionFailed, ActionSkipped
 from trainmedic.client.trainer.identity import job_name
 
 from tests.support.slurm import SlurmCluster, free_port
@@ -130,7 +132,7 @@ def test_drain_again_by_the_same_record_reports_it_once_more(slurm: SlurmCluster
     # Another trainmedic record does not take over a drain it did not make.
     with pytest.raises(ActionSkipped) as exc:
         node.drain(rid(4), "second", memory)
-    assert exc.value.result["reason"] == "already_drained"
+    assert exc.value.reason == "already_drained"
     assert rid(3) in exc.value.result["message"]
     assert slurm.reason() == f"trainmedic {rid(3)}: first"
     assert memory.ours(NODE) == rid(3)
@@ -142,13 +144,13 @@ def test_a_node_drained_by_hand_is_left_as_it_is(slurm: SlurmCluster, node: Slur
 
     with pytest.raises(ActionSkipped) as exc:
         node.resume(memory)
-    assert exc.value.result["reason"] == "not_ours"
+    assert exc.value.reason == "not_ours"
     assert "replacing DIMM 4" in exc.value.result["message"]
     assert exc.value.result["before"]["reason"] == "replacing DIMM 4 (ticket OPS-17)"
 
     with pytest.raises(ActionSkipped) as exc:
         node.drain(rid(5), "GPU too hot", memory)
-    assert exc.value.result["reason"] == "already_drained"
+    assert exc.value.reason == "already_drained"
     assert "DRAIN" in exc.value.result["before"]["flags"]
 
     assert slurm.node_state() == "IDLE+DRAIN"
@@ -165,7 +167,7 @@ def test_a_drain_people_took_over_is_not_resumed(slurm: SlurmCluster, node: Slur
     with pytest.raises(ActionSkipped) as exc:
         node.resume(memory)
 
-    assert exc.value.result["reason"] == "not_ours"
+    assert exc.value.reason == "not_ours"
     assert slurm.node_state() == "IDLE+DRAIN"
     assert slurm.reason() == "keep drained: fan broken"
     assert memory.ours(NODE) is None
@@ -175,7 +177,7 @@ def test_resume_of_a_node_that_is_not_drained_is_skipped(slurm: SlurmCluster, no
     memory = DictMemory({NODE: rid(7)})  # remembered, but someone resumed the node meanwhile
     with pytest.raises(ActionSkipped) as exc:
         node.resume(memory)
-    assert exc.value.result["reason"] == "not_drained"
+    assert exc.value.reason == "not_drained"
     assert "not drained" in exc.value.result["message"]
     assert memory.ours(NODE) is None
     assert slurm.node_state() == "IDLE"
@@ -186,7 +188,7 @@ def test_dry_run_changes_nothing(slurm: SlurmCluster, node: SlurmNode) -> None:
     with pytest.raises(ActionSkipped) as exc:
         node.drain(rid(8), "would drain", memory, dry_run=True)
     skipped = exc.value.result
-    assert skipped["reason"] == "dry_run"
+    assert exc.value.reason == "dry_run"
     assert skipped["argv"] == ["scontrol", "update", f"NodeName={NODE}", "State=DRAIN",
                                f'Reason="trainmedic {rid(8)}: would drain"']
     assert "DRAIN" in skipped["would_be"]["flags"]
@@ -197,7 +199,7 @@ def test_dry_run_changes_nothing(slurm: SlurmCluster, node: SlurmNode) -> None:
     node.drain(rid(8), "really", memory)
     with pytest.raises(ActionSkipped) as exc:
         node.resume(memory, dry_run=True)
-    assert exc.value.result["reason"] == "dry_run"
+    assert exc.value.reason == "dry_run"
     assert exc.value.result["argv"] == ["scontrol", "update", f"NodeName={NODE}", "State=RESUME"]
     time.sleep(0.3)
     assert slurm.node_state() == "IDLE+DRAIN"
@@ -240,7 +242,7 @@ def test_an_empty_reason_still_names_the_record(slurm: SlurmCluster, node: Slurm
 
 
 def _one_sentence(exc: ActionFailed) -> str:
-    text = exc.reason
+    text = exc.message
     assert "\n" not in text and text.endswith(".") and text[0].isupper()
     return text
 
@@ -363,3 +365,89 @@ def test_the_client_package_never_imports_the_service() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('trainmedic.service')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- through the service: a webhook, a person's approval, a real node agent with --scheduler slurm
+
+
+@pytest.fixture
+def slurm_agent(slurm: SlurmCluster, redis_url: str, r: Any, tmp_path: Path) -> Iterator[Any]:
+    """A node agent for the Slurm node, named as the alerts name it (its --node is the Slurm name too)."""
+    from tests.support.nvml import AgentProcess
+
+    agent = AgentProcess(NODE, redis_url, tmp_path / "agent.log", env={"SLURM_CONF": str(slurm.conf)},
+                         args=["--scheduler", "slurm", "--slurm-node", NODE])
+    info = agent.wait_ready(r)
+    assert {"drain_node", "resume_node"} <= set(info["actions"]) and info["scheduler"] == "slurm"
+    yield agent
+    agent.stop()
+
+
+def xid(status: str) -> dict:
+    alert = {"status": status, "labels": {"alertname": "GPUXidError", "node": NODE, "gpu_id": "0",
+                                          "severity": "critical"},
+             "annotations": {"summary": "GPU 0 reported hardware error XID 79"},
+             "startsAt": "2026-11-22T03:00:00.25Z" if status == "firing" else "2026-11-22T03:00:00Z",
+             "fingerprint": "000000000000d7a1"}
+    return {"version": "4", "status": status, "alerts": [alert]}
+
+
+def test_a_gpu_error_drains_the_node_through_the_service_and_its_resolve_resumes_it(
+        slurm: SlurmCluster, slurm_agent: Any, http: Any, r: Any) -> None:
+    from tests.conftest import post_json
+    from tests.support.nvml import wait_record
+
+    [held] = post_json(http, "/webhook", xid("firing")).get_json()["remediations"]
+    assert held["status"] == "pending_approval"  # the shipped playbook waits for a person
+    assert slurm.node_state() == "IDLE"
+    assert post_json(http, f"/remediations/{held['id']}/approve", {"comment": "XID 79, drain"}).status_code == 200
+    rec = wait_record(r, held["id"], timeout=30)
+    act = rec["actions"][0]
+    assert rec["status"] == "applied", rec
+    assert act["result"]["before"]["flags"] == [] and "DRAIN" in act["result"]["after"]["flags"]
+    assert slurm.reason() == f"trainmedic {held['id']}: GPU hardware error (XID)"
+    reasons = slurm.run("sinfo", "-R", "-h", "-o", "%E|%N").stdout
+    assert f"trainmedic {held['id']}: GPU hardware error (XID)|{NODE}" in reasons
+    job = slurm.submit("#!/bin/sh\nsleep 1\n", "after-the-drain")
+    time.sleep(2)
+    assert slurm.job_state(job) == "PENDING"  # no new job starts on a drained node
+
+    [undo] = post_json(http, "/webhook", xid("resolved")).get_json()["remediations"]
+    rec = wait_record(r, undo["id"], timeout=30)
+    assert rec["status"] == "applied" and rec["actions"][0]["action"] == "resume_node"
+    assert slurm.wait_job(job, ("COMPLETED",), timeout=30) == "COMPLETED"  # the node took the job
+    assert slurm.reason() == ""
+
+
+def test_a_node_someone_drained_by_hand_stays_drained(slurm: SlurmCluster, slurm_agent: Any, http: Any,
+                                                      r: Any) -> None:
+    from tests.conftest import post_json
+    from tests.support.nvml import wait_record
+
+    slurm.drain_by_hand("replacing DIMM 4 (ticket OPS-17)")
+    [held] = post_json(http, "/webhook", xid("firing")).get_json()["remediations"]
+    assert post_json(http, f"/remediations/{held['id']}/approve", {}).status_code == 200
+    rec = wait_record(r, held["id"], timeout=30)
+    assert (rec["status"], rec["actions"][0]["reason"]) == ("skipped", "already_drained")
+    [undo] = post_json(http, "/webhook", xid("resolved")).get_json()["remediations"]
+    rec = wait_record(r, undo["id"], timeout=30)
+    assert (rec["status"], rec["actions"][0]["reason"]) == ("skipped", "not_ours")
+    assert slurm.reason() == "replacing DIMM 4 (ticket OPS-17)" and "DRAIN" in slurm.node_state()
+
+
+def test_an_sbatch_job_whose_client_names_itself_from_slurm_shows_up_under_that_name(
+        slurm: SlurmCluster, http: Any, redis_url: str) -> None:
+    script = ("#!/bin/sh\nunset TRAINMEDIC_JOB\n"
+              f"exec {sys.executable} -c 'import time; from trainmedic.client import RemediationClient; "
+              "rc = RemediationClient(heartbeat_interval=0.2); time.sleep(6); rc.close()'\n")
+    job = slurm.submit(script, "llama-ft-slurm", f"--export=ALL,TRAINMEDIC_REDIS_URL={redis_url}")
+
+    def listed() -> bool:
+        return any(t["kind"] == "job" and t["name"] == "llama-ft-slurm"
+                   for t in http.get("/targets").get_json()["targets"])
+
+    deadline = time.monotonic() + 20
+    while not listed():
+        assert time.monotonic() < deadline, slurm.job_output(job)
+        time.sleep(0.2)
+    assert slurm.wait_job(job, ("COMPLETED", "FAILED")) == "COMPLETED", slurm.job_output(job)

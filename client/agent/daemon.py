@@ -19,7 +19,8 @@ from ..wire.redis import connect
 from ..wire.signing import Verifier
 from . import disk
 from .nvml import PowerLimiter, inventory
-from .state import NodeState
+from .slurm import SlurmNode
+from .state import Drains, NodeState
 
 log = logging.getLogger("trainmedic.agent")
 
@@ -51,6 +52,13 @@ class Agent:
         self.applier.register("power_limit", lambda inv: self.power.throttle(inv.typed, inv.context, self.dry_run))
         self.applier.register("restore_power_limit", lambda inv: self.power.restore(inv.context, self.dry_run))
         self.applier.register("disk_cleanup", self._disk_cleanup)
+        if scheduler == "slurm":
+            # Without a scheduler these stay unregistered: unsupported, and not in the heartbeat's actions.
+            self.slurm = SlurmNode(self.slurm_node)
+            drains = Drains(self.state)
+            self.applier.register("drain_node", lambda inv: self.slurm.drain(
+                inv.command.record_id, inv.typed.reason, drains, self.dry_run))
+            self.applier.register("resume_node", lambda inv: self.slurm.resume(drains, self.dry_run))
         self.inbox = Inbox(url, self.target, self._info, self.identity, verifier,
                            heartbeat_interval=heartbeat_interval, name=f"trainmedic-agent-{node}",
                            on_ready=self._wake.set)

@@ -10,10 +10,10 @@ import json
 import subprocess
 import unicodedata
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
-from trainmedic.client.receiver.outcome import ActionFailed, ActionSkipped
-from trainmedic.client.wire.keys import RECORD_ID_RE, TARGET_NAME_RE
+from ..receiver.applier import ActionFailed, ActionSkipped
+from ..wire.keys import RECORD_ID_RE, TARGET_NAME_RE
 
 REASON_MAX = 200  # characters of the playbook's reason kept (the contract's limit)
 TIMEOUT_S = 15.0  # per scontrol/sinfo call; slurmctld answers in milliseconds when it is up
@@ -82,7 +82,7 @@ def slurm_reason(record_id: str, reason: object) -> str:
     return f"trainmedic {record_id}: {text}" if text else f"trainmedic {record_id}"
 
 
-def is_held(state: Mapping) -> bool:
+def is_held(state: Mapping[str, Any]) -> bool:
     """Drained, draining, failing or down."""
     return state["state"] in HELD_STATES or bool(HELD_FLAGS & set(state["flags"]))
 
@@ -102,7 +102,7 @@ class SlurmNode:
         self.timeout = timeout
 
     # -- reading
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """{"node", "state" (base state, e.g. IDLE), "flags" (e.g. ["DRAIN"]), "reason", "reason_set_by"}."""
         argv = [self.sinfo, "--json"]
         out = self._run(argv, "read the node's state").stdout
@@ -123,7 +123,7 @@ class SlurmNode:
         raise ActionFailed(f"Slurm knows no node named {self.node} (set the agent's --slurm-node).",
                            returncode=0, stderr="")
 
-    def ours(self, state: Mapping, memory: DrainMemory) -> str | None:
+    def ours(self, state: Mapping[str, Any], memory: DrainMemory) -> str | None:
         """The record id of trainmedic's drain of this node, when memory and Slurm's reason both say so."""
         record_id = memory.ours(self.node)
         if record_id and state.get("reason") and _reason_is(state["reason"], record_id) and is_held(state):
@@ -131,7 +131,7 @@ class SlurmNode:
         return None
 
     # -- acting
-    def drain(self, record_id: str, reason: object, memory: DrainMemory, dry_run: bool = False) -> dict:
+    def drain(self, record_id: str, reason: object, memory: DrainMemory, dry_run: bool = False) -> dict[str, Any]:
         """`scontrol update NodeName=<node> State=DRAIN Reason="trainmedic <record id>: <reason>"`.
 
         Running jobs finish; no new job starts. A node already drained, failing or down is left as it is
@@ -147,21 +147,17 @@ class SlurmNode:
                 return {"node": self.node, "record_id": record_id, "before": before, "after": before,
                         "slurm_reason": before["reason"], "already": True}
             who = f"trainmedic record {mine}" if mine else f"{before.get('reason_set_by') or 'someone'}"
-            raise ActionSkipped({
-                "reason": "already_drained",
-                "message": f"Node {self.node} is already {_label(before)} by {who} "
-                           f"(reason {before.get('reason') or 'none'!r}), so trainmedic leaves it as it is.",
-                "before": before})
+            raise ActionSkipped("already_drained", f"Node {self.node} is already {_label(before)} by {who} "
+                                f"(reason {before.get('reason') or 'none'!r}), so trainmedic leaves it as it is.",
+                                before=before)
         text = slurm_reason(record_id, reason)
         # scontrol strips one leading and one trailing double quote from a Reason value: quoting it ourselves keeps
         # a reason that ends in a quote intact. It is one argv item: no shell ever parses it.
         argv = [self.scontrol, "update", f"NodeName={self.node}", "State=DRAIN", f'Reason="{text}"']
         if dry_run:
-            raise ActionSkipped({
-                "reason": "dry_run",
-                "message": f"Dry run: node {self.node} would be drained; nothing was changed.",
-                "argv": argv, "before": before,
-                "would_be": {**before, "flags": sorted({*before["flags"], "DRAIN"}), "reason": text}})
+            raise ActionSkipped("dry_run", f"Dry run: node {self.node} would be drained; nothing was changed.",
+                                argv=argv, before=before,
+                                would_be={**before, "flags": sorted({*before["flags"], "DRAIN"}), "reason": text})
         memory.remember(self.node, record_id)  # first: a crash after scontrol must not leave an unknown drain
         try:
             self._run(argv, "drain the node")
@@ -171,47 +167,40 @@ class SlurmNode:
         return {"node": self.node, "record_id": record_id, "before": before, "after": self._after(),
                 "slurm_reason": text}
 
-    def resume(self, memory: DrainMemory, dry_run: bool = False) -> dict:
+    def resume(self, memory: DrainMemory, dry_run: bool = False) -> dict[str, Any]:
         """`scontrol update NodeName=<node> State=RESUME`, only for a drain trainmedic made."""
         before = self.state()
         remembered = memory.ours(self.node)
         if not is_held(before):
             if remembered and not dry_run:
                 memory.forget(self.node)
-            raise ActionSkipped({
-                "reason": "not_drained",
-                "message": f"Node {self.node} is not drained (it is {_label(before)}), so there is nothing to resume.",
-                "before": before})
+            raise ActionSkipped("not_drained", f"Node {self.node} is not drained (it is {_label(before)}), so there "
+                                "is nothing to resume.", before=before)
         record_id = self.ours(before, memory)
         if record_id is None:
             if remembered and not dry_run:
                 memory.forget(self.node)  # someone drained it again with their own reason: the drain is theirs now
             whose = (f"someone else has since replaced trainmedic's reason (record {remembered})" if remembered
                      else "trainmedic did not drain it")
-            raise ActionSkipped({
-                "reason": "not_ours",
-                "message": f"Node {self.node} is {_label(before)} with reason {before.get('reason') or 'none'!r} and "
-                           f"{whose}, so it stays as it is.",
-                "before": before})
+            raise ActionSkipped("not_ours", f"Node {self.node} is {_label(before)} with reason "
+                                f"{before.get('reason') or 'none'!r} and {whose}, so it stays as it is.", before=before)
         argv = [self.scontrol, "update", f"NodeName={self.node}", "State=RESUME"]
         if dry_run:
-            raise ActionSkipped({
-                "reason": "dry_run",
-                "message": f"Dry run: node {self.node} would be resumed; nothing was changed.",
-                "argv": argv, "before": before, "record_id": record_id})
+            raise ActionSkipped("dry_run", f"Dry run: node {self.node} would be resumed; nothing was changed.",
+                                argv=argv, before=before, record_id=record_id)
         self._run(argv, "resume the node")
         memory.forget(self.node)
         return {"node": self.node, "record_id": record_id, "before": before, "after": self._after()}
 
     # -- plumbing
-    def _after(self) -> dict | None:
+    def _after(self) -> dict[str, Any] | None:
         """The state after a change; the change is done, so a failed read does not fail the action."""
         try:
             return self.state()
         except ActionFailed:
             return None
 
-    def _run(self, argv: list[str], doing: str) -> subprocess.CompletedProcess:
+    def _run(self, argv: list[str], doing: str) -> subprocess.CompletedProcess[str]:
         tool = _tool(argv)
         try:
             proc = subprocess.run(argv, check=False, env=self.env, capture_output=True, text=True, timeout=self.timeout,
@@ -243,7 +232,7 @@ def _reason_is(reason: str, record_id: str) -> bool:
     return reason == prefix or reason.startswith(prefix + ":")
 
 
-def _label(state: Mapping) -> str:
+def _label(state: Mapping[str, Any]) -> str:
     return "+".join([state["state"], *state["flags"]])
 
 
@@ -255,7 +244,7 @@ def _error_text(error: object) -> str:
     return clean_text(error, 300)
 
 
-def _node_state(node: dict) -> dict:
+def _node_state(node: dict[str, Any]) -> dict[str, Any]:
     raw = node.get("state")
     if isinstance(raw, list):  # Slurm 23.02+ puts the base state and its flags in one list
         words = [str(s).upper() for s in raw]

@@ -103,3 +103,19 @@ class NodeState:
         with self._lock:
             if getattr(self, table).pop(key, None) is not None:
                 self.save()
+
+
+class Drains:
+    """Which Slurm drains are trainmedic's (slurm.DrainMemory), kept in the node's state file."""
+
+    def __init__(self, state: NodeState):
+        self.state = state
+
+    def ours(self, node: str) -> str | None:
+        return self.state.drains.get(node)
+
+    def remember(self, node: str, record_id: str) -> None:
+        self.state.set("drains", node, record_id)
+
+    def forget(self, node: str) -> None:
+        self.state.forget("drains", node)

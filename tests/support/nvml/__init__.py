@@ -103,7 +103,7 @@ class AgentProcess:
     def __init__(self, node: str, redis_url: str, log_path: Path, lib_dir: Path | None = None,
                  state: NvmlState | None = None, allow_roots: Sequence[Path] = (), dry_run: bool = False,
                  env: dict[str, str] | None = None, state_dir: Path | None = None, verify_key: str | None = None,
-                 insecure: bool = False):
+                 insecure: bool = False, args: Sequence[str] = ()):
         from tests.conftest import VERIFY_KEY
 
         self.node = node
@@ -114,6 +114,7 @@ class AgentProcess:
                "--state-dir", str(self.state_dir)]
         if insecure:
             cmd.append("--insecure-unsigned")
+        cmd += list(args)
         for root in allow_roots:
             cmd += ["--allow-root", str(root)]
         if dry_run:
