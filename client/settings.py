@@ -49,6 +49,24 @@ def _secret(env: Mapping[str, str], name: str) -> str | None:
     return text or None
 
 
+def _urls(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """NAME as comma-separated http(s) base URLs, without trailing slashes."""
+    out = []
+    for url in _csv(env.get(name)):
+        scheme, _, rest = url.partition("://")
+        if scheme.lower() not in ("http", "https") or not rest.strip("/") or any(c.isspace() for c in url):
+            raise SettingsError(f"{name} must be http:// or https:// URLs (comma-separated), not {url!r}")
+        out.append(url.rstrip("/"))
+    return tuple(out)
+
+
+def _url(env: Mapping[str, str], name: str) -> str | None:
+    urls = _urls(env, name)
+    if len(urls) > 1:
+        raise SettingsError(f"{name} takes one URL, not {len(urls)}")
+    return urls[0] if urls else None
+
+
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -99,10 +117,10 @@ class Settings:
             signing_key=_secret(env, "TRAINMEDIC_SIGNING_KEY"),
             verify_keys=_csv(_secret(env, "TRAINMEDIC_VERIFY_KEY")),
             allowed_hosts=tuple(h.lower() for h in _csv(env.get("TRAINMEDIC_ALLOWED_HOSTS"))),
-            public_url=(env.get("TRAINMEDIC_PUBLIC_URL") or "").rstrip("/") or None,
-            alertmanager_urls=tuple(u.rstrip("/") for u in _csv(env.get("TRAINMEDIC_ALERTMANAGER_URL"))),
-            prometheus_url=(env.get("TRAINMEDIC_PROMETHEUS_URL") or "").rstrip("/") or None,
-            notify_url=env.get("TRAINMEDIC_NOTIFY_URL") or None,
+            public_url=_url(env, "TRAINMEDIC_PUBLIC_URL"),
+            alertmanager_urls=_urls(env, "TRAINMEDIC_ALERTMANAGER_URL"),
+            prometheus_url=_url(env, "TRAINMEDIC_PROMETHEUS_URL"),
+            notify_url=_url(env, "TRAINMEDIC_NOTIFY_URL"),
             history_max=_positive_int(env, "TRAINMEDIC_HISTORY_MAX", DEFAULT_HISTORY_MAX),
             dry_run=parse_bool(env.get("TRAINMEDIC_DRY_RUN"), "TRAINMEDIC_DRY_RUN"),
             job=env.get("TRAINMEDIC_JOB") or None,

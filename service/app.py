@@ -19,7 +19,8 @@ from .decide.alertmanager import Alertmanager
 from .decide.dispatch import DispatchSettings, Dispatcher
 from .decide.reconciler import Reconciler, ReconcilerSettings
 from .errors import TrainmedicError
-from .rules.playbooks import SHIPPED, Playbook, load
+from .prometheus import Prometheus
+from .rules.playbooks import SHIPPED, Playbook, load, missing_alertmanager
 from .web.metrics import WEBHOOK_SECONDS, Metrics
 
 log = logging.getLogger("trainmedic.service")
@@ -44,6 +45,7 @@ class Extension:
     dispatcher: Dispatcher
     reconciler: Reconciler
     metrics: Metrics
+    prometheus: Prometheus | None = None
 
     def playbook(self, name: str) -> Playbook | None:
         return next((p for p in self.playbooks if p.name == name), None)
@@ -60,6 +62,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     return app
 
 
+def public_url(settings: Settings) -> str:
+    """TRAINMEDIC_PUBLIC_URL, else http://HOST:PORT as bound (links in silences and notifications)."""
+    return settings.public_url or f"http://{settings.bind}"
+
+
 def init_app(app: Flask, settings: Settings) -> None:
     """Attach Redis, playbooks, blueprints and error handlers (playbooks are validated here)."""
     if not settings.redis_url:
@@ -70,15 +77,21 @@ def init_app(app: Flask, settings: Settings) -> None:
     playbooks = load([settings.playbooks or str(SHIPPED)])
     r = connect(settings.redis_url, timeout=float(app.config.get("REDIS_TIMEOUT", 2.0)))
     am = Alertmanager(settings.alertmanager_urls) if settings.alertmanager_urls else None
+    problem = missing_alertmanager(playbooks, settings.alertmanager_urls)
+    if problem:
+        raise ValueError(problem)
+    rs = ReconcilerSettings(history_max=settings.history_max, public_url=public_url(settings),
+                            notify_url=settings.notify_url)
     dispatcher = Dispatcher(r, Signer.from_secret(settings.signing_key), DispatchSettings(
-        dry_run=settings.dry_run, alertmanager_poll=30.0 if am else None))
-    reconciler = Reconciler(r, dispatcher, playbooks, ReconcilerSettings(history_max=settings.history_max),
-                            alertmanager=am)
+        dry_run=settings.dry_run, alertmanager_poll=rs.alertmanager_poll if am else None,
+        notify=bool(settings.notify_url)))
+    reconciler = Reconciler(r, dispatcher, playbooks, rs, alertmanager=am)
     try:
         reconciler.mark_epoch()
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
-    app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, Metrics())
+    prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
+    app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, Metrics(), prometheus)
 
     from .web import register
 

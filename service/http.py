@@ -40,7 +40,8 @@ class Http:
     session: requests.Session = field(default_factory=requests.Session, repr=False)
 
     def url(self, path: str) -> str:
-        return self.base.rstrip("/") + "/" + path.lstrip("/")
+        # An empty path is the base itself (an incoming-webhook URL is posted to as it is).
+        return self.base.rstrip("/") + "/" + path.lstrip("/") if path else self.base
 
     def get(self, path: str, params: dict | None = None) -> Any:
         """GET path; the decoded JSON body."""

@@ -96,8 +96,8 @@ def write_playbooks(path: Path, text: str) -> Path:
 class Gunicorn:
     """`trainmedic`'s gunicorn config run as a real subprocess on a free port."""
 
-    def __init__(self, env: dict[str, str], workers: int, tmp: Path):
-        self.port = free_port()
+    def __init__(self, env: dict[str, str], workers: int, tmp: Path, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         metrics = tmp / f"metrics-{self.port}"
         # The caller's env goes last and wins (e.g. its own TRAINMEDIC_PLAYBOOKS).
@@ -133,8 +133,8 @@ def gunicorn(r: redis.Redis, redis_url: str, tmp_path: Path) -> Iterator[Any]:
     """Factory: start the service under gunicorn with N workers (stopped after the test)."""
     started: list[Gunicorn] = []
 
-    def start(workers: int = 4, **env: str) -> Gunicorn:
-        g = Gunicorn({"TRAINMEDIC_REDIS_URL": redis_url, **env}, workers, tmp_path)
+    def start(workers: int = 4, port: int | None = None, **env: str) -> Gunicorn:
+        g = Gunicorn({"TRAINMEDIC_REDIS_URL": redis_url, **env}, workers, tmp_path, port)
         started.append(g)
         return g
     yield start

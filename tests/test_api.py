@@ -42,7 +42,7 @@ def test_a_manual_trigger_without_a_target_label_is_recorded_as_no_target(http, 
 def test_probes(http, r) -> None:
     assert http.get("/healthz").json == {"status": "ok"}
     ready = http.get("/readyz")
-    assert ready.status_code == 200 and ready.json["playbooks"] == 5
+    assert ready.status_code == 200 and ready.json["playbooks"] == 6
 
 
 def test_live_targets_are_listed_from_heartbeats(http, r) -> None:

@@ -18,7 +18,7 @@ KNOWN = ("disk_cleanup, drain_node, empty_cache, enable_gradient_accumulation, p
          "reduce_dataloader_workers, restore_power_limit, resume_node, rollback_checkpoint, save_checkpoint, scale_lr, "
          "set_lr, stop_training")
 FIELDS = ("name, matchers, target, actions, on_resolved, cooldown, max_runs, approval, approval_timeout, dry_run, "
-          "expire_after, resolve_timeout, description")
+          "expire_after, resolve_timeout, verify, escalate, silence, notify, description")
 
 
 def pb(body: str, name: str = "p", target: str = "job", matchers: str = "['alertname=\"X\"']") -> str:

@@ -267,4 +267,4 @@ def test_history_against_nothing_is_a_one_line_error() -> None:
 
 def test_check_accepts_the_shipped_playbooks(capsys: Any) -> None:
     assert main(["check", str(ROOT / "playbooks")]) == 0
-    assert capsys.readouterr().out.startswith("ok: 5 playbooks")
+    assert capsys.readouterr().out.startswith("ok: 6 playbooks")

@@ -10,11 +10,12 @@ from trainmedic.service.rules.playbooks import PlaybookError, load
 from tests.conftest import ROOT
 
 
-def test_the_shipped_playbooks_answer_the_five_contract_alerts() -> None:
+def test_the_shipped_playbooks_answer_the_contract_alerts_and_the_xid_error() -> None:
     pbs = {p.name: p for p in load([ROOT / "playbooks"])}
     by_alert = {m.value: p for p in pbs.values() for m in p.matchers if m.name == "alertname"}
     assert set(by_alert) == {"GPUTemperatureHigh", "GPUMemoryUsageHigh", "TrainingLossSpike", "DiskSpaceLow",
-                             "TrainingThroughputDrop"}
+                             "TrainingThroughputDrop", "GPUXidError"}
+    assert by_alert["GPUXidError"].approval and [s.action for s in by_alert["GPUXidError"].actions] == ["drain_node"]
     gpu = by_alert["GPUTemperatureHigh"]
     assert gpu.target == "node" and [s.action for s in gpu.actions] == ["power_limit"]
     assert gpu.actions[0].params == {"fraction": 0.8}

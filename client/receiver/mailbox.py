@@ -74,10 +74,14 @@ class Mailbox:
     def ack(self, acks: Iterable[Ack]) -> list[Any]:
         """Write acks into their records in one pipeline; returns the scripts' answers."""
         acks = list(acks)
-        answers = run_scripts(self.r, records.ack_calls(self.scripts, acks, time.time()))
+        now = time.time()
+        answers = run_scripts(self.r, records.ack_calls(self.scripts, acks, now))
         replayed = len({a.record_id for a in acks if a.replayed})
         if replayed:
             self.count_refused("replayed", replayed)
+        if any(a and str(a[2]) != "dispatched" for a in answers):
+            # A record that settled has an outcome to follow: the reconciler looks at this target now.
+            self.r.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
         return answers
 
     def release(self, record_id: str) -> bool:

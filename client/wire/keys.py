@@ -135,3 +135,24 @@ EPOCH = PREFIX + "epoch"
 RESETS = PREFIX + "resets"
 # Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts.
 REJECTED = PREFIX + "rejected"
+
+
+def outcomes(status: str, playbook: str) -> str:
+    """Sorted set: a playbook's records by the time they got this outcome (GET /playbooks, 30 days)."""
+    return f"{PREFIX}outcomes:{status}:{playbook}"
+
+
+def resolve_times(playbook: str) -> str:
+    """Sorted set: "<record id>|<seconds>" of a playbook's effective records, by decision time."""
+    return f"{PREFIX}ttr:{playbook}"
+
+
+# Hashes of counts for /metrics: outcomes by "playbook|outcome", and the time-to-resolve histogram by
+# "playbook|bucket index", "playbook|sum" and "playbook|count".
+OUTCOME_COUNTS = PREFIX + "outcome_counts"
+RESOLVE_HISTOGRAM = PREFIX + "ttr_histogram"
+
+
+def chart_cache(t: Target, record_id: str) -> str:
+    """String: Prometheus's answer for a record's metric chart, for a short while (its TTL)."""
+    return f"{PREFIX}{t.tag}:chart:{record_id}"

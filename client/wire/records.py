@@ -51,7 +51,7 @@ def ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-SCRIPTS = ("decide", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog")
+SCRIPTS = ("decide", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog", "verdict")
 
 
 class Scripts:
@@ -69,6 +69,7 @@ class Scripts:
     release: Any
     reapply: Any
     backlog: Any
+    verdict: Any
 
 
 Call = tuple[Any, list[str], list[Any]]
@@ -140,19 +141,31 @@ class NewRecord:
     mailbox_maxlen: int = 100
     requested_by: str = "webhook"
     fence: str = ""
-    escalation: dict[str, Any] | None = None
+    # The reconciler follows the record after it is decided (outcome, ladder, silence, notifications).
+    follow: bool = False
+    # Set for records that answer for their alert (firing and stages): they get an outcome.
+    verify: float | None = None
+    stage: int = 0
+    parent: str = ""
+    prev: str = ""
+    ends_at: str = ""
+    ends_ms: int = 0
+    extra: tuple[tuple[str, str], ...] = ()
 
     def call(self, scripts: Scripts) -> Call:
         """The DECIDE call (script, keys, args) for run_scripts."""
         t = self.target
-        fields = {
-            "id": self.rid, "created_at": rfc3339(self.now), "playbook": self.playbook, "n": len(self.steps),
-            "alert": dumps(capped_alert(self.alert)), "target": dumps(t.as_dict()), "mode": self.mode,
-            "detail": self.detail, "context": dumps(self.context), "expire_after": self.expire_after,
-            "requested_by": self.requested_by, "fence": self.fence,
+        fields: dict[str, Any] = {
+            "id": self.rid, "created_at": rfc3339(self.now), "created_ms": ms(self.now), "playbook": self.playbook,
+            "n": len(self.steps), "alert": dumps(capped_alert(self.alert)), "target": dumps(t.as_dict()),
+            "mode": self.mode, "detail": self.detail, "context": dumps(self.context),
+            "expire_after": self.expire_after, "requested_by": self.requested_by, "fence": self.fence,
+            "start": self.episode_start, **dict(self.extra),
         }
-        if self.escalation:
-            fields["escalation"] = dumps(self.escalation)
+        if self.verify is not None:
+            fields["verify_ms"] = ms(self.verify)
+        if self.stage:
+            fields.update(stage=self.stage, parent=self.parent)
         for i, st in enumerate(self.steps):
             fields[f"a:{i}:spec"] = st.spec()
         now_ms = ms(self.now)
@@ -166,10 +179,13 @@ class NewRecord:
             "expires_ms": now_ms + ms(self.expire_after), "approve_by_ms": now_ms + ms(self.approval_timeout),
             "ob_member": keys.obligation_member(self.playbook, self.fingerprint),
             "ob_due_ms": now_ms + ms(self.obligation_due), "n": len(self.steps), "fields": fields,
+            "follow": int(self.follow), "ends_at": self.ends_at, "ends_ms": self.ends_ms,
         }
         ks = [keys.record(self.rid), keys.mailbox(t), keys.episode(t, self.playbook, self.fingerprint),
               keys.cooldown(t, self.playbook), keys.budget(t, self.playbook),
               keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
+        if self.prev:
+            ks.append(keys.record(self.prev))
         return scripts.decide, ks, [dumps(args)]
 
 
@@ -240,6 +256,7 @@ class Reconciled:
     next_due_ms: int | None
     changed: tuple[tuple[str, str], ...]
     obligations: tuple[str, ...]
+    follow: tuple[str, ...] = ()
 
 
 def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float, recheck: float, maxlen: int,
@@ -248,11 +265,20 @@ def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float
     args = {"now": int(now * 1000), "at": rfc3339(now), "grace_ms": int(grace * 1000),
             "recheck_ms": int(recheck * 1000), "maxlen": maxlen, "channel": keys.wake_channel(target),
             "rec_prefix": keys.record_prefix(target), "limit": limit}
-    nxt, changed, obligations = scripts.reconcile(
+    nxt, changed, obligations, follow = scripts.reconcile(
         keys=[keys.due_items(target), keys.mailbox(target), keys.heartbeat(target)], args=[dumps(args)])
     flat = [str(x) for x in changed]
     due = int(float(nxt))
-    return Reconciled(None if due < 0 else due, tuple(zip(flat[::2], flat[1::2])), tuple(map(str, obligations)))
+    return Reconciled(None if due < 0 else due, tuple(zip(flat[::2], flat[1::2])), tuple(map(str, obligations)),
+                      tuple(map(str, follow)))
+
+
+def verdict(scripts: Scripts, record_id: str, status: str, resolved_at: str | None = None,
+            time_to_resolve: float | None = None) -> bool:
+    """Decide a pending outcome (see lua/verdict.lua); False when it was not pending any more."""
+    args = {"status": status, "resolved_at": resolved_at or "",
+            "time_to_resolve_s": -1 if time_to_resolve is None else round(time_to_resolve, 3)}
+    return bool(scripts.verdict(keys=[keys.record(record_id)], args=[dumps(args)]))
 
 
 # -- reading --------------------------------------------------------------------------------------------
@@ -289,7 +315,8 @@ def from_hash(h: dict[str, Any]) -> dict[str, Any]:
         "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
         "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
         "approval_comment": h.get("approval_comment") or None, "outcome": loads_or(h.get("outcome")),
-        "escalation": loads_or(h.get("escalation"), {"stage": 0, "parent": None, "next": None}),
+        "escalation": {"stage": int(h.get("stage") or 0), "parent": h.get("parent") or None,
+                       "next": h.get("next") or None},
         "silence_id": h.get("silence_id") or None, "silence_error": h.get("silence_error") or None,
     }
     if h.get("detail"):

@@ -17,13 +17,13 @@ def add(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     need("check", "yaml")
-    from trainmedic.service.rules.playbooks import SHIPPED, check, files_of
+    from trainmedic.service.rules.playbooks import SHIPPED, check, files_of, is_warning
 
     paths = args.paths or [settings.playbooks or str(SHIPPED)]
     playbooks, problems = check(paths)
     if not problems and not files_of(paths):
         problems = [f"{', '.join(paths)}:0: no playbook files (*.yaml) found"]
-    errors = [p for p in problems if ": warning: " not in p]
+    errors = [p for p in problems if not is_warning(p)]
     for line in problems:
         print(line)
     if errors:

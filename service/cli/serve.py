@@ -102,14 +102,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     need("serve", "flask", "gunicorn", "yaml", "prometheus_client", "cryptography")
     from trainmedic.client.wire.signing import Signer
     from trainmedic.service.embedded_redis import DEFAULT_PORT, EmbeddedRedis, secret_file
-    from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, load
+    from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, load, missing_alertmanager
 
     _check_args(args, settings)
     playbooks = args.playbooks or settings.playbooks or str(SHIPPED)
     try:
-        load([playbooks])
+        problem = missing_alertmanager(load([playbooks]), settings.alertmanager_urls)
     except PlaybookError as exc:
         raise CliError(f"invalid playbooks: {exc}") from None
+    if problem:
+        raise CliError(problem)
     data = Path(args.data_dir)
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     settings, secret_env = _secrets(data, settings)

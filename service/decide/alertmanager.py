@@ -1,11 +1,12 @@
-"""Alertmanager's API v2, as the reconciler asks it: which alerts are still active (silences come later)."""
+"""Alertmanager's API v2, as the reconciler uses it: which alerts are still active, and silences."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
-from collections.abc import Sequence
+from datetime import datetime, timedelta, UTC
+from collections.abc import Mapping, Sequence
 
 from ..http import Http, HttpError
 
@@ -14,6 +15,7 @@ log = logging.getLogger("trainmedic.alertmanager")
 # A just-started Alertmanager knows no alerts until Prometheus sends them again (about a minute):
 # until it has been up this long, an alert it does not list is not taken as resolved.
 TRUST_AFTER_SECONDS = 120.0
+_SILENCE_ID = re.compile(r"^[A-Za-z0-9-]{1,64}\Z")
 
 
 @dataclass
@@ -27,14 +29,49 @@ class Alertmanager:
     def __post_init__(self) -> None:
         self._clients = [Http(u, timeout=self.timeout, retries=1) for u in self.urls]
 
-    def _get(self, path: str) -> object:
+    def _call(self, method: str, path: str, body: object = None) -> object:
+        # The peers of a cluster gossip alerts and silences, so any one that answers will do.
         last: HttpError | None = None
         for http in self._clients:
             try:
-                return http.get(path)
+                return http.request(method, path, body=body)
             except HttpError as exc:
+                if exc.status is not None and 400 <= exc.status < 500:
+                    raise  # the request is wrong: another peer would refuse it too
                 last = exc
         raise last or HttpError("no Alertmanager URL is configured")
+
+    def _get(self, path: str) -> object:
+        return self._call("GET", path)
+
+    def create_silence(self, labels: Mapping[str, str], seconds: float, comment: str) -> str:
+        """A silence matching exactly these labels from now for `seconds`; its id. Raises HttpError."""
+        now = datetime.now(UTC)
+        body = {
+            "matchers": [{"name": k, "value": v, "isRegex": False, "isEqual": True} for k, v in sorted(labels.items())],
+            "startsAt": _utc(now), "endsAt": _utc(now + timedelta(seconds=seconds)),
+            "createdBy": "trainmedic", "comment": comment,
+        }
+        answer = self._call("POST", "/api/v2/silences", body)
+        sid = answer.get("silenceID") if isinstance(answer, dict) else None
+        # The id goes into a URL path later: only what Alertmanager's ids (UUIDs) are made of.
+        if not isinstance(sid, str) or not _SILENCE_ID.match(sid):
+            raise HttpError("Alertmanager did not answer with a silence id")
+        return sid
+
+    def expire_silence(self, silence_id: str) -> None:
+        """End a silence now (one that has ended already, or is unknown, is fine). Raises HttpError."""
+        if not _SILENCE_ID.match(silence_id):
+            raise HttpError("not an Alertmanager silence id")
+        try:
+            self._call("DELETE", f"/api/v2/silence/{silence_id}")
+        except HttpError as exc:
+            if exc.status == 404:
+                return
+            # Alertmanager answers 500 when the silence has expired already: that is what we wanted.
+            state = self._call("GET", f"/api/v2/silence/{silence_id}")
+            if not (isinstance(state, dict) and (state.get("status") or {}).get("state") == "expired"):
+                raise exc from None
 
     def active_fingerprints(self) -> set[str] | None:
         """Fingerprints of the alerts Alertmanager holds as firing (active, silenced or inhibited), or None
@@ -51,6 +88,10 @@ class Alertmanager:
         if not isinstance(alerts, list):
             return None
         return {str(a.get("fingerprint")) for a in alerts if isinstance(a, dict) and a.get("fingerprint")}
+
+
+def _utc(dt: datetime) -> str:
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _uptime_start(status: object) -> float | None:

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from collections.abc import Iterable
 
@@ -47,6 +48,8 @@ class DispatchSettings:
     # With Alertmanager's API, the reconciler asks it about open obligations this often; without it, it
     # waits each playbook's resolve_timeout after the last firing notification.
     alertmanager_poll: float | None = None
+    # TRAINMEDIC_NOTIFY_URL is set: every playbook notifies, so every record is followed.
+    notify: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,12 @@ class Outcome:
                 "status": self.status, "reason": self.reason}
 
 
-def fence_key(d: Decision, stage: int = 0) -> str:
+def fence_key(d: Decision) -> str:
     """What an applier fences on besides the record id: one alert episode, playbook, stage and mode."""
     if d.mode == "manual":
         return ""
-    mode = "resolved" if d.mode == "timeout" else d.mode
-    return f"{d.alert.fingerprint}|{d.alert.episode_start}|{d.playbook.name}|{stage}|{mode}"
+    mode = {"timeout": "resolved", "stage": "firing"}.get(d.mode, d.mode)
+    return f"{d.alert.fingerprint}|{d.alert.episode_start}|{d.playbook.name}|{d.stage}|{mode}"
 
 
 def command_for(record_id: str, target: keys.Target, steps: Iterable[Step], context: dict, now: float,
@@ -84,6 +87,14 @@ def command_for(record_id: str, target: keys.Target, steps: Iterable[Step], cont
     return Command(record_id=record_id, kind=target.kind, target=target.name, actions=calls, issued_at=now,
                    expires_at=now + expire_after, context=context, fingerprint=fingerprint, fence=fence,
                    starts_at=starts_at)
+
+
+def _ms_of(text: str, default: float) -> int:
+    """Milliseconds since the epoch of an RFC 3339 time (a resolve's endsAt), else of `default`."""
+    try:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return int(default * 1000)
 
 
 class Dispatcher:
@@ -108,12 +119,13 @@ class Dispatcher:
         self.index([(o, n) for o, n in zip(outcomes, news)])
         return outcomes
 
-    def new_record(self, d: Decision, now: float, stage: int = 0, escalation: dict | None = None) -> records.NewRecord:
-        """The DECIDE arguments for one decision, its command signed."""
+    def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
+                   extra: tuple[tuple[str, str], ...] = ()) -> records.NewRecord:
+        """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder)."""
         pb, s, target = d.playbook, self.settings, d.target
         rid = new_record_id(target)
         steps = d.steps
-        fence = fence_key(d, stage)
+        fence = fence_key(d)
         command = signature = ""
         if steps and not d.resolution.reason:
             cmd = command_for(rid, target, steps, d.resolution.context, now, pb.expire_after, d.alert.fingerprint,
@@ -129,36 +141,47 @@ class Dispatcher:
             budget=pb.max_runs or (0, 0.0), approval=pb.approval, approval_timeout=pb.approval_timeout,
             dry_run=pb.dry_run or s.dry_run, undo=bool(pb.on_resolved), record_ttl=s.record_ttl,
             episode_ttl=s.episode_ttl, obligation_due=s.alertmanager_poll or pb.resolve_timeout,
-            mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by, fence=fence, escalation=escalation)
+            mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by, fence=fence,
+            follow=d.answers_for_alert or bool(pb.notify) or s.notify,
+            verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=parent, prev=prev,
+            ends_at=d.alert.ends_at if d.mode == "resolved" else "",
+            ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra)
 
     def index(self, made: list[tuple[Outcome, records.NewRecord]]) -> None:
         """Index new records: history, approvals, and the reconciler's due targets."""
         # These keys live in their own slots, so they are written after the records. A duplicate re-adds
         # its record (idempotent): that heals an index write lost to a crash in between.
         ids = [o.record_id for o, _ in made if o.record_id]
-        if not ids:
+        due: dict[str, float] = {}
+        for o, n in made:
+            label = n.target.label
+            if (n.follow and o.new) or (n.mode == "resolved" and o.status != "stale"):
+                # The reconciler looks now: a followed record's silence and notifications, or the outcome of
+                # the records a resolve just decided.
+                first = n.now
+            elif o.status in ("dispatched", "pending_approval") or (n.undo and o.status == "dry_run"):
+                first = n.now + min(n.expire_after, n.approval_timeout, n.obligation_due)
+            else:
+                continue
+            due[label] = min(due.get(label, first), first)
+        if not ids and not due:
             return
         pipe = self.r.pipeline(transaction=False)
-        pipe.zadd(keys.HISTORY, {i: 0 for i in ids})
+        if ids:
+            pipe.zadd(keys.HISTORY, {i: 0 for i in ids})
         held = {o.record_id: n.now + n.approval_timeout for o, n in made if o.status == "pending_approval"}
         if held:
             pipe.zadd(keys.APPROVALS, held)
-        due: dict[str, float] = {}
-        for o, n in made:
-            if o.status in ("dispatched", "pending_approval") or (n.undo and o.status == "dry_run"):
-                label = n.target.label
-                first = n.now + min(n.expire_after, n.approval_timeout, n.obligation_due)
-                due[label] = min(due.get(label, first), first)
         if due:
             # Each target's earliest due time; LT never moves one later (the reconciler does that itself).
             pipe.zadd(keys.DUE, {label: int(t * 1000) for label, t in due.items()}, lt=True)
             pipe.sadd(keys.MAILBOXES, *due)
         pipe.execute()
 
-    def decide_one(self, d: Decision, now: float | None = None, stage: int = 0,
-                   escalation: dict | None = None) -> Outcome:
+    def decide_one(self, d: Decision, now: float | None = None, prev: str = "", parent: str = "",
+                   extra: tuple[tuple[str, str], ...] = ()) -> Outcome:
         """One decision on its own (manual triggers, the reconciler's on_resolved and stages)."""
-        n = self.new_record(d, time.time() if now is None else now, stage, escalation)
+        n = self.new_record(d, time.time() if now is None else now, prev, parent, extra)
         a = run_scripts(self.r, [n.call(self.scripts)])[0]
         o = Outcome(str(a[0]), str(a[1]) or None, d.playbook.name, d.alert.fingerprint, str(a[2]) or None)
         self.index([(o, n)])
@@ -182,14 +205,15 @@ class Dispatcher:
         answer = run_scripts(self.r, [records.approve_call(
             self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,
             signature=self.signer.sign(text.encode()), expires_at=cmd.expires_at, playbook=h.get("playbook", ""),
-            fingerprint=alert.get("fingerprint", ""), firing=h.get("mode") == "firing", undo=undo,
+            fingerprint=alert.get("fingerprint", ""), firing=h.get("mode") in ("firing", "stage"), undo=undo,
             obligation_due=obligation_due, episode_ttl=self.settings.episode_ttl,
             maxlen=self.settings.mailbox_maxlen)])[0]
         answer = [str(x) for x in answer]
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
-        if answer[0] == "dispatched":
-            pipe.zadd(keys.DUE, {target.label: int(min(cmd.expires_at, now + obligation_due) * 1000)}, lt=True)
+        if answer[0] == "dispatched" or h.get("follow") == "1":
+            first = now if h.get("follow") == "1" else min(cmd.expires_at, now + obligation_due)
+            pipe.zadd(keys.DUE, {target.label: int(first * 1000)}, lt=True)
             pipe.sadd(keys.MAILBOXES, target.label)
         pipe.execute()
         return answer

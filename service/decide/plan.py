@@ -24,10 +24,19 @@ class Decision:
     alert: Alert
     resolution: Resolution
     requested_by: str = "webhook"
+    # 0 for the playbook's own actions; 1, 2, ... for its `escalate` stages (mode stage).
+    stage: int = 0
 
     @property
     def steps(self) -> tuple[Step, ...]:
-        return self.playbook.on_resolved if self.mode in ("resolved", "timeout") else self.playbook.actions
+        if self.mode in ("resolved", "timeout"):
+            return self.playbook.on_resolved
+        return self.playbook.steps_of(self.stage)
+
+    @property
+    def answers_for_alert(self) -> bool:
+        """Records of a firing alert and of its ladder get an outcome (manual and on_resolved ones do not)."""
+        return self.mode in ("firing", "stage")
 
     @property
     def target(self) -> keys.Target:

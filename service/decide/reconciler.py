@@ -21,11 +21,13 @@ import redis
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import rfc3339
 
-from ..rules.alerts import Alert, episode_start
+from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
 from ..rules.targets import Resolution
 from .alertmanager import Alertmanager
 from .dispatch import Dispatcher
+from .followup import AlertView, FollowUp
+from .notify import Notifier
 from .plan import Decision
 
 log = logging.getLogger("trainmedic.reconciler")
@@ -45,7 +47,13 @@ class ReconcilerSettings:
     mailbox_maxlen: int = 100
     history_max: int = 1_000_000
     targets_per_tick: int = 500
-    alertmanager_poll: float = 30.0
+    # With Alertmanager's API, an alert whose on_resolved is owed is asked about this often.
+    alertmanager_poll: float = 15.0
+    # A followed record whose follow-up failed (a bug, Redis trouble) is looked at again after this long.
+    retry: float = 30.0
+    # Where people reach the service: links in silences and notifications.
+    public_url: str = "http://127.0.0.1:9095"
+    notify_url: str | None = None
 
 
 @dataclass
@@ -55,6 +63,7 @@ class TickReport:
     targets: int = 0
     changed: list[tuple[str, str]] = field(default_factory=list)
     resolved: list[str] = field(default_factory=list)
+    followed: int = 0
     trimmed: int = 0
     reset: bool = False
 
@@ -72,6 +81,8 @@ class Reconciler:
         self.alertmanager = alertmanager
         self.on_change = on_change
         self.scripts = records.Scripts(r)
+        self.followup = FollowUp(r, dispatcher, self.playbooks, alertmanager, Notifier(settings.notify_url),
+                                 settings.public_url)
         self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,8 +112,7 @@ class Reconciler:
         """One pass over every target with something due (call it directly in tests)."""
         now = time.time() if now is None else now
         report = TickReport(reset=self._check_epoch())
-        active: set[str] | None = None
-        asked = False
+        view = AlertView(self.alertmanager)
         due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
         for label in due:
             target = keys.parse_label(label)
@@ -114,11 +124,12 @@ class Reconciler:
             report.targets += 1
             report.changed.extend(done.changed)
             for member in done.obligations:
-                if not asked and self.alertmanager is not None:
-                    active, asked = self.alertmanager.active_fingerprints(), True
-                rid = self._obligation(target, member, now, active)
+                rid = self._obligation(target, member, now, view)
                 if rid:
                     report.resolved.append(rid)
+            for rid in done.follow:
+                self._follow(target, rid, now, view)
+            report.followed += len(done.follow)
             self._reschedule(target, label)
         report.trimmed = self._retention()
         for rid, status in report.changed:
@@ -138,7 +149,17 @@ class Reconciler:
         if again:
             self.r.zadd(keys.DUE, {label: int(again[0][1])}, lt=True)
 
-    def _obligation(self, target: keys.Target, member: str, now: float, active: set[str] | None) -> str | None:
+    def _follow(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
+        try:
+            self.followup.run(target, rid, now, view)
+        except redis.RedisError:
+            raise
+        except Exception:  # one record's bug must not hold up the others
+            log.exception("reconciler: following up %s failed; trying again in %.0fs", rid, self.settings.retry,
+                          extra={"remediation_id": rid})
+            self.r.zadd(keys.due_items(target), {rid: int((now + self.settings.retry) * 1000)})
+
+    def _obligation(self, target: keys.Target, member: str, now: float, view: AlertView) -> str | None:
         """An alert whose on_resolved is owed: run it when the alert is over; else look again later."""
         _, pb_name, fingerprint = member.split("|", 2)
         pb = self.playbooks.get(pb_name)
@@ -149,8 +170,9 @@ class Reconciler:
             self.r.zrem(keys.due_items(target), member)
             return None
         seen = int(ob.get("seen") or 0) / 1000
-        if active is not None:
-            over = fingerprint not in active
+        state = view.active(fingerprint)
+        if state is not None:
+            over = not state
             later = now + self.settings.alertmanager_poll
         else:
             over = now >= seen + pb.resolve_timeout
@@ -159,12 +181,12 @@ class Reconciler:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
         rec = self.r.hgetall(keys.record(ob["rid"])) if ob.get("rid") else {}
-        alert = _alert_of(rec, fingerprint)
+        alert = alert_of_record(records.loads_or(rec.get("alert"), {}), "resolved", fingerprint)
         context = records.loads_or(rec.get("context"), {}) if rec else {}
         outcome = self.dispatcher.decide_one(
             Decision(pb, "timeout", alert, Resolution(target, context), requested_by="reconciler"), now)
         log.info("on_resolved of %s for %s ran without a resolve notification (%s): %s", pb_name, target.label,
-                 "Alertmanager no longer lists the alert" if active is not None else "resolve_timeout passed",
+                 "Alertmanager no longer lists the alert" if state is not None else "resolve_timeout passed",
                  outcome.status, extra={"remediation_id": outcome.record_id, "fingerprint": fingerprint,
                                         "target": target.label})
         return outcome.record_id if outcome.new else None
@@ -220,11 +242,3 @@ class Reconciler:
             except Exception:  # a bug must not stop reconciling for good
                 log.exception("reconciler: a pass failed")
 
-
-def _alert_of(rec: dict, fingerprint: str) -> Alert:
-    """The alert a record was made for (what on_resolved records show)."""
-    a = records.loads_or(rec.get("alert"), {}) if rec else {}
-    labels = {str(k): str(v) for k, v in (a.get("labels") or {}).items()}
-    starts = str(a.get("starts_at") or rfc3339(0))
-    return Alert(status="resolved", labels=labels, annotations={}, starts_at=starts, ends_at="",
-                 fingerprint=fingerprint, episode_start=episode_start(starts), generator_url=a.get("generator_url", ""))

@@ -41,6 +41,16 @@ class Alert:
                 "annotations": dict(self.annotations), "generator_url": self.generator_url}
 
 
+def alert_of_record(a: Mapping[str, Any], status: str, fingerprint: str) -> Alert:
+    """The alert a record was made for, again (for its on_resolved record or its next escalation stage)."""
+    labels = {str(k): str(v) for k, v in (a.get("labels") or {}).items()}
+    starts = str(a.get("starts_at") or "1970-01-01T00:00:00Z")
+    notes = {str(k): str(v) for k, v in (a.get("annotations") or {}).items()} if status == "firing" else {}
+    return Alert(status=status, labels=labels, annotations=notes, starts_at=starts, ends_at="",
+                 fingerprint=fingerprint, episode_start=episode_start(starts),
+                 generator_url=str(a.get("generator_url") or ""))
+
+
 @dataclass(frozen=True)
 class AlertGroup:
     """One webhook notification: a group of alerts."""

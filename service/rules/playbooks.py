@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,23 @@ from trainmedic.service.rules.matchers import Matcher, MatcherError, parse_match
 SHIPPED = Path(str(resources.files("trainmedic.playbooks")))
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FIELDS = ("name", "matchers", "target", "actions", "on_resolved", "cooldown", "max_runs", "approval",
-           "approval_timeout", "dry_run", "expire_after", "resolve_timeout", "description")
+           "approval_timeout", "dry_run", "expire_after", "resolve_timeout", "verify", "escalate", "silence",
+           "notify", "description")
+# A remediation needs about this long to show in its alert: Prometheus evaluates the rule again (its `for:`
+# too), and Alertmanager batches the resolve. A shorter `after` may escalate past a stage that worked.
+MIN_AFTER = 60.0
+# A silence lasts this much longer than the whole ladder and its verify (CONTRACT "Silences").
+SILENCE_MARGIN = 600.0
 # Keys an action item may carry beside its one action key.
 _STEP_KEYS = ("optional", "when")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of an escalation ladder: its actions, run if the alert still fires `after` the previous stage."""
+
+    after: float
+    actions: tuple[Step, ...]
 
 
 @dataclass(frozen=True)
@@ -43,11 +58,42 @@ class Playbook:
     expire_after: float = 3600.0
     # Without a resolve (Alertmanager never sent it), on_resolved runs this long after the last firing.
     resolve_timeout: float = 12 * 3600.0
+    # How long after its last ack a remediation has to make the alert resolve before it counts as ineffective.
+    verify: float = 900.0
+    escalate: tuple[Stage, ...] = ()
+    silence: bool = False
+    notify: str | None = None
     description: str = ""
     source: str = ""
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
+
+    def steps_of(self, stage: int) -> tuple[Step, ...]:
+        """The actions of a ladder's stage: 0 is `actions`, 1 the first `escalate` item, and so on."""
+        return self.actions if stage == 0 else self.escalate[stage - 1].actions
+
+    @property
+    def silence_seconds(self) -> float:
+        """How long a silence lasts from dispatch: every stage's `after`, `verify`, and a margin."""
+        return sum(s.after for s in self.escalate) + self.verify + SILENCE_MARGIN
+
+    def settings(self) -> dict[str, Any]:
+        """The playbook as loaded, for GET /playbooks: durations in seconds, a notify URL as its host only."""
+        def steps(items: tuple[Step, ...]) -> list[dict[str, Any]]:
+            return [{"action": st.action, "params": st.params, **({"optional": True} if st.optional else {}),
+                     **({"when": st.when} if st.when else {})} for st in items]
+        return {
+            "matchers": [str(m) for m in self.matchers], "target": self.target, "actions": steps(self.actions),
+            "on_resolved": steps(self.on_resolved), "cooldown_s": self.cooldown,
+            "max_runs": {"count": self.max_runs[0], "per_s": self.max_runs[1]} if self.max_runs else None,
+            "approval": self.approval, "approval_timeout_s": self.approval_timeout, "dry_run": self.dry_run,
+            "expire_after_s": self.expire_after, "resolve_timeout_s": self.resolve_timeout,
+            "verify_s": self.verify, "escalate": [{"after_s": s.after, "actions": steps(s.actions)}
+                                                  for s in self.escalate],
+            "silence": self.silence, "notify": urlsplit(self.notify).hostname if self.notify else None,
+            "description": self.description, "source": self.source,
+        }
 
 
 class PlaybookError(Exception):
@@ -62,11 +108,16 @@ class _Problems:
     def __init__(self, file: str):
         self.file = file
         self.items: list[str] = []
+        self.warnings: list[str] = []
         self._lines: list[int] = []
 
     def add(self, node: yaml.Node, message: str) -> None:
         self.items.append(f"{self.file}:{node.start_mark.line + 1}: {message}")
         self._lines.append(node.start_mark.line + 1)
+
+    def warn(self, node: yaml.Node, message: str) -> None:
+        """A problem that does not make the file invalid (`trainmedic check` prints it and exits 0)."""
+        self.warnings.append(f"{self.file}:{node.start_mark.line + 1}: warning: {message}")
 
     def sorted(self) -> list[str]:
         """The problems in file order (a playbook's fields are checked out of order)."""
@@ -100,7 +151,8 @@ def _mapping(node: yaml.Node, where: str, p: _Problems) -> dict[str, tuple[yaml.
     return out
 
 
-def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: str, p: _Problems) -> tuple[Step, ...]:
+def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: str, p: _Problems,
+           stage: bool = False) -> tuple[Step, ...]:
     if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
         return ()
     if not isinstance(node, yaml.SequenceNode):
@@ -129,6 +181,8 @@ def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: st
             continue
         if kind in TARGET_KINDS and spec.kind != kind:
             p.add(item, f"action {name} runs on a {spec.kind}, but this playbook targets a {kind}")
+        if stage and spec.undoes:
+            p.add(item, f"{name} undoes a remediation: it belongs in on_resolved, not in an escalation stage")
         params = _scalar(loader, params_node) if params_node is not None else {}
         try:
             spec.parse(params)
@@ -201,13 +255,19 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
     actions = _steps(loader, fields["actions"][1], kind, "actions", p) if "actions" in fields else ()
     on_resolved = _steps(loader, fields["on_resolved"][1], kind, "on_resolved", p) if "on_resolved" in fields else ()
     opts: dict[str, Any] = {}
-    for field in ("cooldown", "approval_timeout", "expire_after", "resolve_timeout"):
+    if "escalate" in fields:
+        opts["escalate"] = _ladder(loader, fields["escalate"][1], kind, p)
+        if opts["escalate"] and not actions:
+            p.add(fields["escalate"][0], "escalate needs actions: a ladder starts from the playbook's own actions")
+    if "notify" in fields:
+        opts["notify"] = _notify(loader, fields["notify"][1], p)
+    for field in ("cooldown", "approval_timeout", "expire_after", "resolve_timeout", "verify"):
         if field in fields:
             opts[field] = _duration(loader, fields[field][1], field, p)
             if field != "cooldown" and opts[field] is not None and opts[field] <= 0:
                 # A zero expiry would expire every command (or approval) the moment it is made.
                 p.add(fields[field][1], f"{field} must be longer than zero")
-    for field in ("approval", "dry_run"):
+    for field in ("approval", "dry_run", "silence"):
         if field in fields:
             opts[field] = _bool(loader, fields[field][1], field, p)
     if "max_runs" in fields:
@@ -218,6 +278,74 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
         return None
     return Playbook(name=name, matchers=tuple(matchers), target=kind, actions=actions, on_resolved=on_resolved,
                     source=f"{file}:{node.start_mark.line + 1}", **opts)
+
+
+def _ladder(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, p: _Problems) -> tuple[Stage, ...]:
+    """`escalate:`, a list of {after, actions}; problems and warnings go to p."""
+    if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        p.add(node, "escalate must be a list of stages like - {after: 10m, actions: [{scale_lr: {factor: 0.5}}]}")
+        return ()
+    stages = []
+    for i, item in enumerate(node.value):
+        where = f"escalate[{i}]"
+        fields = _mapping(item, where, p)
+        if fields is None:
+            continue
+        if set(fields) != {"after", "actions"}:
+            p.add(item, f"{where} needs exactly after and actions, e.g. {{after: 10m, actions: [...]}}")
+            continue
+        after = _duration(loader, fields["after"][1], f"{where}.after", p)
+        steps = _steps(loader, fields["actions"][1], kind, f"{where}.actions", p, stage=True)
+        if after is None:
+            continue
+        if after <= 0:
+            p.add(fields["after"][1], f"{where}.after must be longer than zero")
+            continue
+        if after < MIN_AFTER:
+            p.warn(fields["after"][1], f"{where}.after is {after:g}s, shorter than a remediation needs to show in "
+                                       "its alert (Prometheus evaluates the rule again and Alertmanager sends the "
+                                       f"resolve, about {MIN_AFTER:g}s at least): this stage may run although the "
+                                       "previous one worked")
+        if not steps and isinstance(fields["actions"][1], yaml.SequenceNode) and not fields["actions"][1].value:
+            p.add(fields["actions"][1], f"{where}.actions must list at least one action")
+            continue
+        stages.append(Stage(after, steps))
+    return tuple(stages)
+
+
+def _notify(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> str | None:
+    value = _scalar(loader, node)
+    problem = notify_problem(value)
+    if problem:
+        p.add(node, f"notify {problem}")
+        return None
+    return str(value)
+
+
+def notify_problem(value: object) -> str | None:
+    """Why a notification URL cannot be used (None when it can): it must be http(s) with a host."""
+    if not isinstance(value, str):
+        return "must be the URL of a Slack-compatible incoming webhook"
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+        return "must be an http:// or https:// URL of a Slack-compatible incoming webhook"
+    return None
+
+
+def missing_alertmanager(playbooks: Iterable[Playbook], alertmanager_urls: Iterable[str]) -> str | None:
+    """Why these playbooks cannot run without Alertmanager's API (one sentence), or None."""
+    silenced = [p.name for p in playbooks if p.silence]
+    if silenced and not list(alertmanager_urls):
+        return (f"playbook {silenced[0]} has silence: true, which needs TRAINMEDIC_ALERTMANAGER_URL: Alertmanager "
+                "sends nothing for a silenced alert, not even its resolve, so trainmedic must ask its API")
+    return None
+
+
+def is_warning(problem: str) -> bool:
+    """A problem line that does not make the playbooks invalid."""
+    return ": warning: " in problem
 
 
 def _max_runs(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> tuple[int, float] | None:
@@ -285,7 +413,7 @@ def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Pla
             seen[name] = f"{file}:{node.start_mark.line + 1}"
         if pb is not None:
             out.append(pb)
-    return out, p.sorted()
+    return out, p.sorted() + p.warnings
 
 
 def files_of(paths: Iterable[str | Path]) -> list[Path]:
@@ -320,8 +448,9 @@ def load(paths: Iterable[str | Path]) -> list[Playbook]:
     """All playbooks, or PlaybookError listing every problem."""
     paths = list(paths)
     playbooks, problems = check(paths)
-    if problems:
-        raise PlaybookError(problems)
+    errors = [x for x in problems if not is_warning(x)]
+    if errors:
+        raise PlaybookError(errors)
     if not files_of(paths):
         raise PlaybookError([f"{', '.join(map(str, paths))}:0: no playbook files (*.yaml) found"])
     return playbooks

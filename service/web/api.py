@@ -1,6 +1,7 @@
 """History, records, manual triggers, ad-hoc commands, approvals, targets and probes."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from flask import Blueprint, jsonify, request
@@ -11,7 +12,7 @@ from trainmedic.client.wire import records
 from trainmedic.client.wire.durations import parse_duration
 from trainmedic.client.wire.records import Step
 
-from .. import history
+from .. import history, outcomes
 from ..decide import plan
 from ..errors import BadRequest, Conflict, NotFound, Unavailable
 from ..rules.playbooks import Playbook
@@ -130,6 +131,15 @@ def approve(rid: str, by: str) -> Any:
 @operator_endpoint
 def reject(rid: str, by: str) -> Any:
     return _decide_held(rid, "reject", by)
+
+
+@bp.get("/playbooks")
+def playbooks() -> Any:
+    """Each loaded playbook as loaded, with its outcomes over the last 30 days."""
+    x = ext()
+    stats = outcomes.summaries(x.redis, [p.name for p in x.playbooks], time.time())
+    return jsonify({"items": [{"name": p.name, "settings": p.settings(), **stats[p.name].as_dict()}
+                              for p in x.playbooks]})
 
 
 @bp.get("/targets")

@@ -112,6 +112,11 @@ def _time_axis(t0: float, t1: float, frame: Frame) -> tuple[float, float, tuple[
     if t1 - t0 < span:  # a burst shows as a burst, not as dots spread over the width
         t0 = t1 - span
     t0, t1 = t0 - span * 0.04, t1 + span * 0.04
+    return t0, t1, time_ticks(t0, t1, frame)
+
+
+def time_ticks(t0: float, t1: float, frame: Frame) -> tuple[Tick, ...]:
+    """Ticks of an exact time span at a readable spacing (at most about seven)."""
     step = next((s for s in _STEPS if (t1 - t0) / s <= 7), _STEPS[-1])
     fmt = "%H:%M:%S" if step < 60 else "%H:%M" if t1 - t0 < 86400 else "%b %d %H:%M" if t1 - t0 < 7 * 86400 else "%b %d"
     ticks = []
@@ -120,10 +125,10 @@ def _time_axis(t0: float, t1: float, frame: Frame) -> tuple[float, float, tuple[
         x = frame.left + (t - t0) / (t1 - t0) * (frame.x1 - frame.left)
         ticks.append(Tick(round(x, 1), datetime.fromtimestamp(t, tz=UTC).strftime(fmt)))
         t += step
-    return t0, t1, tuple(ticks)
+    return tuple(ticks)
 
 
-def _x(t: float, t0: float, t1: float, frame: Frame) -> float:
+def x_of(t: float, t0: float, t1: float, frame: Frame) -> float:
     return round(frame.left + (t - t0) / (t1 - t0) * (frame.x1 - frame.left), 1)
 
 
@@ -148,7 +153,7 @@ def timeline(records: Sequence[dict], now: float) -> Timeline | None:
     dots = []
     last: dict[str, tuple[float, int]] = {}  # lane -> (x of the previous dot, how many overlap there)
     for t, r in sorted(known, key=lambda tr: tr[0]):
-        x, lane = _x(t, t0, t1, frame), r["playbook"]
+        x, lane = x_of(t, t0, t1, frame), r["playbook"]
         px, k = last.get(lane, (-1e9, 0))
         # A burst (records seconds apart) would draw one dot on another: fan them out up and down.
         k = k + 1 if x - px < 2 * DOT_R else 0
@@ -209,12 +214,12 @@ def lr_chart(changes: Sequence[LrChange], now: float, current: Sequence[float] |
         return round(frame.y1 - (f(v) - lo) / (hi - lo) * (frame.y1 - frame.top), 1)
 
     t0, t1, xticks = _time_axis(points[0][0], points[-1][0], frame)
-    path = " ".join(("M" if i == 0 else "L") + f"{_x(t, t0, t1, frame)},{y(v)}" for i, (t, v) in enumerate(points))
+    path = " ".join(("M" if i == 0 else "L") + f"{x_of(t, t0, t1, frame)},{y(v)}" for i, (t, v) in enumerate(points))
     yticks: list[Tick] = []
     for v in sorted(set(values), reverse=True):
         if not yticks or y(v) - yticks[-1].pos >= 14:  # labels closer than a line of text would overlap
             yticks.append(Tick(y(v), f"{v:.3g}"))
     return LrChart(frame, path,
-                   tuple((_x(c.at, t0, t1, frame), y(c.before[0])) for c in changes),
-                   tuple((_x(c.at, t0, t1, frame), y(c.after[0])) for c in changes),
+                   tuple((x_of(c.at, t0, t1, frame), y(c.before[0])) for c in changes),
+                   tuple((x_of(c.at, t0, t1, frame), y(c.after[0])) for c in changes),
                    xticks, tuple(yticks), log_scale)

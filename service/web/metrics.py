@@ -25,6 +25,7 @@ from trainmedic.client.wire.protocol import LIVE_WINDOW
 from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS, Scripts
 from trainmedic.client.wire.redis import run_scripts
 
+from .. import outcomes
 from ..rules.alerts import AlertGroup
 
 log = logging.getLogger("trainmedic.metrics")
@@ -132,11 +133,7 @@ class RedisCollector(Collector):
                                           "Time from dispatch to the ack of an action, by action.",
                                           labels=["action"])
         for action, counts in sorted(buckets.items()):
-            cumulative, running = [], 0
-            for le, n in zip([*map(floatToGoString, ACK_LATENCY_BUCKETS), "+Inf"], counts):
-                running += n
-                cumulative.append((le, running))
-            latency_f.add_metric([action], cumulative, sums[action])
+            latency_f.add_metric([action], _cumulative(ACK_LATENCY_BUCKETS, counts), sums[action])
         backlog_f = GaugeMetricFamily("trainmedic_mailbox_backlog",
                                       "Commands not yet applied (waiting, or delivered and not acknowledged), by "
                                       "target kind.", labels=["kind"])
@@ -156,7 +153,31 @@ class RedisCollector(Collector):
             rejected_f.add_metric([reason], int(rejected.get(reason, 0)))
         resets_f = CounterMetricFamily("trainmedic_redis_resets",
                                        "Times Redis came back without trainmedic's data.", value=int(resets or 0))
-        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f]
+        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f, *self._outcomes()]
+
+    def _outcomes(self) -> list[Metric]:
+        counts, hist = outcomes.counts(self.r)
+        outcomes_f = CounterMetricFamily("trainmedic_remediation_outcomes",
+                                         "Remediations by playbook and outcome (pending when applied, then "
+                                         "effective or ineffective; unknown when nothing was applied).",
+                                         labels=["playbook", "outcome"])
+        for (playbook, outcome), n in sorted(counts.items()):
+            outcomes_f.add_metric([playbook, outcome], n)
+        resolve_f = HistogramMetricFamily("trainmedic_time_to_resolve_seconds",
+                                          "Time from a remediation's last ack to its alert's end, by playbook.",
+                                          labels=["playbook"])
+        for playbook, (buckets, total, _) in sorted(hist.items()):
+            resolve_f.add_metric([playbook], _cumulative(outcomes.RESOLVE_BUCKETS, buckets), total)
+        return [outcomes_f, resolve_f]
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+    """Per-bucket counts (the last one past every bound) as Prometheus's cumulative (le, count) pairs."""
+    out, running = [], 0
+    for le, n in zip([*map(floatToGoString, bounds), "+Inf"], counts):
+        running += n
+        out.append((le, running))
+    return out
 
 
 def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict) -> None:

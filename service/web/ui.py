@@ -9,9 +9,11 @@ from flask import Blueprint, current_app, render_template, request, url_for
 
 from trainmedic.client.wire import keys
 
-from .. import history
+from trainmedic.client.wire import records as record_store
+
+from .. import history, outcomes
 from ..errors import BadRequest
-from . import charts
+from . import charts, metric_chart
 from .common import ext as _ext, live_targets
 
 bp = Blueprint("ui", __name__, template_folder="templates")
@@ -19,6 +21,7 @@ bp = Blueprint("ui", __name__, template_folder="templates")
 ICONS = {"applied": "✓", "partially_applied": "◐", "failed": "✗", "dispatched": "➜", "delivered": "➜",
          "pending": "…", "pending_approval": "⏸", "dry_run": "◌", "skipped": "–", "unsupported": "⊘",
          "expired": "⌛"}
+OUTCOME_ICONS = {"pending": "…", "effective": "✓", "ineffective": "✗", "unknown": "?"}
 FILTERS = history.FILTERS
 TARGET_PAGE_RECORDS = 200
 HTML = {"Content-Type": "text/html; charset=utf-8"}
@@ -27,7 +30,18 @@ HTML = {"Content-Type": "text/html; charset=utf-8"}
 
 
 def _common(now: float) -> dict:
-    return {"now": now, "icons": ICONS, "refresh_seconds": int(current_app.config.get("UI_REFRESH_SECONDS", 10))}
+    return {"now": now, "icons": ICONS, "outcome_icons": OUTCOME_ICONS,
+            "refresh_seconds": int(current_app.config.get("UI_REFRESH_SECONDS", 10))}
+
+
+def _strip(ext: Any, now: float) -> list[dict]:
+    """Per playbook, its outcomes over 30 days (the index page's effectiveness strip)."""
+    stats = outcomes.summaries(ext.redis, [p.name for p in ext.playbooks], now)
+    rows = []
+    for name, st in stats.items():
+        shown = {k: st.counts[k] for k in ("effective", "ineffective", "pending")}
+        rows.append({"name": name, "counts": shown, "total": sum(shown.values()), "median": st.median})
+    return rows
 
 
 @bp.get("/")
@@ -53,7 +67,8 @@ def index() -> Any:
     return render_template(
         "index.html", **_common(now), items=items, next=nxt, before=q.before, f=f, filtered=bool(filters),
         error=error, targets=live_targets(ext.redis), playbooks=[p.name for p in ext.playbooks],
-        statuses=history.STATUSES, target_page=target_page, empty_text=empty,
+        statuses=history.STATUSES, outcomes=history.OUTCOMES, target_page=target_page, empty_text=empty,
+        strip=_strip(ext, now),
         next_url=url_for("ui.index", **keep, before=nxt) if nxt else None,
         newest_url=url_for("ui.index", **keep)), status, HTML
 
@@ -71,11 +86,41 @@ def target(kind: str, name: str) -> Any:
     live = next((t for t in live_targets(ext.redis) if t["kind"] == kind and t["name"] == name), None)
     changes = charts.lr_changes(items)
     current = charts.floats(live.get("lr")) if live else None
+    # The metric around the newest remediation of an alert (on_resolved records have their own alert's).
+    anchor = next((r for r in items if not r.get("on_resolved") and r.get("requested_by") != "operator"), None)
+    around = metric_chart.around(ext.redis, ext.prometheus, anchor, items, now) if anchor else None
     return render_template(
         "target.html", **_common(now), kind=kind, name=name, live=live, items=items, next=nxt,
         all_url=url_for("ui.index", target=label), timeline=charts.timeline(items, now),
-        lr=charts.lr_chart(changes, now, current), lr_changes=changes, dot_r=charts.DOT_R,
+        lr=charts.lr_chart(changes, now, current), lr_changes=changes, dot_r=charts.DOT_R, around=around,
         lr_groups=max((len(c.before) for c in changes), default=0)), 200, HTML
+
+
+@bp.get("/records/<rid>")
+def record(rid: str) -> Any:
+    """One remediation: what it did, its outcome and ladder, the metric around it, approve and reject."""
+    ext, now = _ext(), time.time()
+    rec = record_store.get(ext.redis, rid)
+    if rec is None:
+        return render_template("error.html", **_common(now),
+                               message=f"There is no remediation {rid}: it may be past retention."), 404, HTML
+    ladder = _ladder(ext.redis, rec)
+    around = None
+    if not rec.get("on_resolved"):
+        around = metric_chart.around(ext.redis, ext.prometheus, rec, ladder, now)
+    return render_template("record.html", **_common(now), rec=rec, ladder=ladder, around=around), 200, HTML
+
+
+def _ladder(r: Any, rec: dict) -> list[dict]:
+    """The record's escalation ladder in order: its first record, then each next stage (bounded)."""
+    first = record_store.get(r, rec["escalation"]["parent"]) if rec["escalation"]["parent"] else rec
+    out: list[dict] = []
+    cur = first
+    while cur is not None and len(out) < 32:
+        out.append(cur)
+        nxt = cur["escalation"]["next"]
+        cur = record_store.get(r, nxt) if nxt else None
+    return out or [rec]
 
 
 @bp.app_template_filter("word")
@@ -105,6 +150,19 @@ def ago(text: str | None, now: float) -> str:
 @bp.app_template_filter("when")
 def when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+@bp.app_template_filter("duration")
+def duration(seconds: Any) -> str:
+    """Seconds as a person reads them: 42 s, 3 min 12 s, 2 h 5 min."""
+    if not isinstance(seconds, (int, float)):
+        return "—"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 @bp.app_template_filter("pretty")

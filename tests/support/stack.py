@@ -80,16 +80,34 @@ class Alertmanager(_Child):
     """prometheus-alertmanager routing every alert to one webhook with a bearer token (no clustering)."""
 
     def __init__(self, workdir: Path, webhook_url: str, token: str, group_wait: str = "1s",
-                 group_interval: str = "2s", repeat_interval: str = "2s"):
+                 group_interval: str = "2s", repeat_interval: str = "2s", cluster: bool = False,
+                 peers: Sequence[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        conf = workdir / "alertmanager.yml"
+        # With cluster=True it gossips (silences, notification log) with its peers' cluster addresses.
+        self.cluster_address = f"127.0.0.1:{free_port()}" if cluster else ""
+        name = f"alertmanager-{self.port}" if cluster else "alertmanager"
+        conf = workdir / f"{name}.yml"
         conf.write_text(ALERTMANAGER_CONFIG.format(url=webhook_url, token=token, group_wait=group_wait,
                                                    group_interval=group_interval, repeat_interval=repeat_interval))
-        self._spawn([ALERTMANAGER, f"--config.file={conf}", f"--storage.path={workdir / 'alertmanager-data'}",
-                     f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-                    workdir / "alertmanager.log")
-        self._wait_ready("/-/ready", 20)
+        argv = [ALERTMANAGER, f"--config.file={conf}", f"--storage.path={workdir / (name + '-data')}",
+                f"--web.listen-address=127.0.0.1:{self.port}", f"--cluster.listen-address={self.cluster_address}"]
+        if cluster:
+            argv += [f"--cluster.peer={p}" for p in peers] + ["--cluster.settle-timeout=2s",
+                                                               "--cluster.gossip-interval=100ms",
+                                                               "--cluster.pushpull-interval=2s"]
+        self._spawn(argv, workdir / f"{name}.log")
+        self._wait_ready("/-/ready", 30)
+
+    def silences(self) -> list[dict[str, Any]]:
+        """Every silence this Alertmanager knows (its own and its peers', through gossip)."""
+        return requests.get(self.url + "/api/v2/silences", timeout=5).json()
+
+    def resolve(self, labels: dict, starts_at: datetime) -> None:
+        """POST the alert with endsAt now, as Prometheus does when a rule stops firing."""
+        now = datetime.now(UTC)
+        body = [{"labels": labels, "annotations": {}, "startsAt": _utc(starts_at), "endsAt": _utc(now)}]
+        requests.post(self.url + "/api/v2/alerts", json=body, timeout=5).raise_for_status()
 
     def push(self, labels: dict, annotations: dict | None = None, starts_at: datetime | None = None,
              ends_in: float = 300.0) -> None:

@@ -41,6 +41,5 @@ if tonumber(a.ledger) == 1 and a.status == 'applied' and tonumber(a.replayed) ~=
   redis.call('LTRIM', KEYS[3], -tonumber(a.ledger_max), -1)
   redis.call('PEXPIRE', KEYS[3], a.stats_ttl_ms)
 end
-local status = settle(rec, now)
-if status ~= 'dispatched' then redis.call('ZREM', KEYS[4], a.rid) end
+local status = settle(rec, now, KEYS[4], a.rid)
 return {a.status, tostring(latency), status}

@@ -14,7 +14,7 @@ if st ~= 'pending_approval' then return {'not_pending', st} end
 if now > tonumber(redis.call('HGET', rec, 'approve_by') or '0') then
   end_open(rec, 'expired', 'approval_expired', 'Nobody approved it in time.', a.at)
   redis.call('HSET', rec, 'status', 'expired', 'reason', 'approval_expired')
-  redis.call('ZREM', KEYS[5], a.rid)
+  done_or_follow(rec, KEYS[5], a.rid, now)
   return {'expired'}
 end
 -- Either way the record is no longer a hold of its episode.
@@ -30,7 +30,7 @@ if a.verb == 'reject' then
   end_open(rec, 'skipped', 'rejected', 'A person rejected it.', a.at)
   redis.call('HSET', rec, 'status', 'skipped', 'reason', 'rejected', 'rejected_by', a.by, 'rejected_at', a.at,
              'approval_comment', a.comment)
-  redis.call('ZREM', KEYS[5], a.rid)
+  done_or_follow(rec, KEYS[5], a.rid, now)
   return {'rejected'}
 end
 redis.call('HSET', rec, 'status', 'dispatched', 'dispatched_ms', now, 'expires_ms', a.expires_ms,
@@ -39,6 +39,8 @@ redis.call('HSET', rec, 'status', 'dispatched', 'dispatched_ms', now, 'expires_m
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.maxlen, '*', 'c', a.command, 's', a.signature)
 redis.call('PUBLISH', a.channel, a.rid)
 redis.call('ZADD', KEYS[5], a.expires_ms, a.rid)
+-- A followed record is looked at now (its silence is made when it dispatches).
+if redis.call('HGET', rec, 'follow') == '1' then redis.call('ZADD', KEYS[5], now, a.rid) end
 -- A released firing record changes things the final resolve must undo.
 if tonumber(a.undo) == 1 and KEYS[4] then
   if redis.call('EXISTS', KEYS[4]) == 0 then

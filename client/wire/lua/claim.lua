@@ -25,7 +25,7 @@ end
 if open == 0 then return 'gone' end
 if expires > 0 and now > expires then
   end_open(rec, 'expired', 'expired', 'The command expired before anyone applied it.', ARGV[5])
-  settle(rec, now)
+  settle(rec, now, KEYS[3], ARGV[6])
   return 'expired'
 end
 for i = 0, n - 1 do

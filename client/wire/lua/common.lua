@@ -4,8 +4,19 @@
 -- when all others were, partially_applied when some were; else expired when all expired, lost when some
 -- were lost, failed otherwise; skipped when every action was skipped. Nothing changes while any action is
 -- pending or delivered, nor for a record that is not dispatched. A settled record keeps when it settled
--- (now, in ms: the last ack) and drops its stored command.
-local function settle(rec, now)
+-- (now, in ms: the last ack) and drops its stored command. A record that answers for its alert (it has
+-- `verify_ms`) gets its outcome: pending when something was applied, else unknown. A record the reconciler
+-- follows stays among the target's due items (open_z), due now, so it looks at it at once.
+local function done_or_follow(rec, open_z, rid, now)
+  -- A record that ended leaves the due items, unless the reconciler follows it: then it is due now.
+  if redis.call('HGET', rec, 'follow') == '1' then
+    redis.call('ZADD', open_z, now, rid)
+  else
+    redis.call('ZREM', open_z, rid)
+  end
+end
+
+local function settle(rec, now, open_z, rid)
   local cur = redis.call('HGET', rec, 'status')
   if cur ~= 'dispatched' then return cur end
   local n = tonumber(redis.call('HGET', rec, 'n') or '0')
@@ -28,6 +39,12 @@ local function settle(rec, now)
   elseif lost > 0 then status = 'lost' end
   redis.call('HSET', rec, 'status', status, 'settled_ms', now)
   redis.call('HDEL', rec, 'cmd', 'sig')
+  if redis.call('HEXISTS', rec, 'verify_ms') == 1 then
+    local o = 'unknown'
+    if applied > 0 then o = 'pending' end
+    redis.call('HSET', rec, 'outcome', cjson.encode({status = o, resolved_at = cjson.null, time_to_resolve_s = cjson.null}))
+  end
+  done_or_follow(rec, open_z, rid, now)
   return status
 end
 

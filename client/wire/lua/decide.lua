@@ -1,8 +1,10 @@
 -- DECIDE: guard, record and dispatch one (alert, playbook) pair atomically, in the target's hash slot.
 -- KEYS[1] record   KEYS[2] mailbox   KEYS[3] episode   KEYS[4] cooldown   KEYS[5] budget
 -- KEYS[6] obligation (what on_resolved must undo for this alert)   KEYS[7] open (the target's due items)
+-- KEYS[8] the ladder's previous record (mode stage only)
 -- ARGV[1] JSON {
---   now (ms), mode: firing | resolved | timeout | manual, start (episode start, second precision), rid,
+--   now (ms), mode: firing | resolved | timeout | manual | stage, start (episode start, second precision), rid,
+--   ends_ms, ends_at (a resolve's endsAt), follow (0/1: the reconciler follows the record),
 --   forced_reason ('' or why it is skipped), cooldown_ms, budget_count, budget_window_ms, approval (0/1),
 --   dry (0/1), undo (1: the playbook has on_resolved actions), record_ttl_ms, episode_ttl_ms, maxlen,
 --   channel, command, signature, expires_ms, approve_by_ms, ob_member, ob_due_ms, n, fields {name: value}}
@@ -10,29 +12,42 @@
 --
 -- Episodes (CONTRACT "Guarantees"): the episode hash holds `open` (start of the open episode), `closed`
 -- (latest start of a closed one, kept as a tombstone), `rid`/`st` (the open episode's record and status)
--- and `holds` (records held for approval). The obligation hash (rid, dry, seen) says that a firing record
--- changed something that the final resolve must undo, whichever episode it belonged to.
+-- and `holds` (records held for approval); a resolve leaves `res_start`, `res_ms` and `res_at` (the closed
+-- episode's start and its endsAt), from which the reconciler decides outcomes. The obligation hash (rid, dry,
+-- seen) says that a firing record changed something that the final resolve must undo, whichever episode
+-- it belonged to. An escalation stage (mode stage) is a record of the open episode made by the reconciler:
+-- once per previous record (its `next`), never after the episode closed, never held back by cooldown.
 local a = cjson.decode(ARGV[1])
 local now, mode, rid, n = tonumber(a.now), a.mode, a.rid, tonumber(a.n)
 local rec, mailbox, ep, ob, open_z = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
 local dry = tonumber(a.dry) == 1
 local reason = ''
 
+local prefix = string.sub(rec, 1, #rec - #rid)
+
 local function close_episode()
   local open = redis.call('HGET', ep, 'open')
   local closed = redis.call('HGET', ep, 'closed')
   if open and (not closed or open > closed) then redis.call('HSET', ep, 'closed', open) end
+  if mode == 'resolved' and open then
+    redis.call('HSET', ep, 'res_start', open, 'res_ms', a.ends_ms, 'res_at', a.ends_at)
+    -- The episode's ladder (its first record, then each `next`) learns of the resolve at once.
+    local r, hops = redis.call('HGET', ep, 'rid'), 0
+    while r and r ~= '' and hops < 64 do
+      if redis.call('HGET', prefix .. r, 'follow') == '1' then redis.call('ZADD', open_z, now, r) end
+      r, hops = redis.call('HGET', prefix .. r, 'next'), hops + 1
+    end
+  end
   redis.call('HDEL', ep, 'open', 'rid', 'st')
   -- The alert is over: a hold that nobody approved must not throttle a GPU that nothing will restore.
   local holds = redis.call('HGET', ep, 'holds')
   if holds then
-    local prefix = string.sub(rec, 1, #rec - #rid)
     for held in string.gmatch(holds, '%S+') do
       local hrec = prefix .. held
       if redis.call('HGET', hrec, 'status') == 'pending_approval' then
         end_open(hrec, 'expired', 'resolved_before_approval', 'The alert resolved before anyone approved it.', a.at)
         redis.call('HSET', hrec, 'status', 'expired', 'reason', 'resolved_before_approval')
-        redis.call('ZREM', open_z, held)
+        done_or_follow(hrec, open_z, held, now)
       end
     end
     redis.call('HDEL', ep, 'holds')
@@ -82,6 +97,12 @@ elseif mode == 'resolved' or mode == 'timeout' then
   close_episode()
   if not discharge() or n == 0 then return {'closed', '', ''} end
   if mode == 'timeout' then reason = 'resolved_not_notified' end
+elseif mode == 'stage' then
+  local prev = redis.call('HGET', KEYS[8], 'next')
+  if prev and prev ~= '' then return {'duplicate', prev, ''} end
+  local open = redis.call('HGET', ep, 'open')
+  -- The episode resolved, or a later one replaced it: the ladder is over.
+  if not open or open > a.start then return {'closed', '', ''} end
 end
 
 local status = 'dispatched'
@@ -89,9 +110,11 @@ if a.forced_reason ~= '' then
   status, reason = 'skipped', a.forced_reason
 elseif n == 0 then
   status, reason = 'skipped', 'no_actions'
-elseif mode == 'firing' or mode == 'manual' then
-  -- Guards hold for firing and manual records; on_resolved is exempt: it undoes what firing did.
+elseif mode == 'firing' or mode == 'manual' or mode == 'stage' then
+  -- Guards hold for firing, manual and stage records; on_resolved is exempt: it undoes what firing did.
+  -- Cooldown is the ladder's as a whole: its stages never cool each other down.
   local cooldown, count, window = tonumber(a.cooldown_ms), tonumber(a.budget_count), tonumber(a.budget_window_ms)
+  if mode == 'stage' then cooldown = 0 end
   if cooldown > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
     status, reason = 'skipped', 'cooldown'
   elseif count > 0 then
@@ -109,8 +132,9 @@ elseif mode == 'firing' or mode == 'manual' then
 end
 if status ~= 'skipped' and dry then status = 'dry_run' end
 
-if mode == 'firing' then
-  redis.call('HSET', ep, 'open', a.start, 'rid', rid, 'st', status)
+if mode == 'stage' then redis.call('HSET', KEYS[8], 'next', rid) end
+if mode == 'firing' or mode == 'stage' then
+  if mode == 'firing' then redis.call('HSET', ep, 'open', a.start, 'rid', rid, 'st', status) end
   if status == 'pending_approval' then
     redis.call('HSET', ep, 'holds', ((redis.call('HGET', ep, 'holds') or '') .. ' ' .. rid))
   end
@@ -139,6 +163,11 @@ if status == 'dispatched' then
 elseif status == 'pending_approval' then
   redis.call('HSET', rec, 'approve_by', a.approve_by_ms)
   redis.call('ZADD', open_z, a.approve_by_ms, rid)
+end
+-- A skipped firing record has nothing to follow; a skipped stage ends its ladder, which the reconciler says.
+if tonumber(a.follow) == 1 and (status ~= 'skipped' or mode == 'stage') then
+  redis.call('HSET', rec, 'follow', '1')
+  redis.call('ZADD', open_z, now, rid)
 end
 redis.call('PEXPIRE', rec, a.record_ttl_ms)
 redis.call('PEXPIRE', mailbox, a.record_ttl_ms)

@@ -4,8 +4,10 @@
 -- KEYS[1] open (the target's due items: record id or obligation member -> due ms)   KEYS[2] mailbox
 -- KEYS[3] heartbeat
 -- ARGV[1] JSON {now (ms), at (RFC 3339), grace_ms, recheck_ms, maxlen, channel, rec_prefix, limit}
--- Returns {next due ms or -1, {record id, status}..., obligation members that are due...} as
--- {next, changed (flat list of id, status), obligations}.
+-- Returns {next due ms or -1, {record id, status}..., obligation members that are due..., records to follow
+-- up...} as {next, changed (flat list of id, status), obligations, follow}. A record the reconciler follows
+-- (field follow = 1: its outcome, ladder, silence and notifications) is listed in `follow` when it is due;
+-- once settled, its due time is the reconciler's to set (service/decide/followup.py).
 local a = cjson.decode(ARGV[1])
 local now, grace, recheck = tonumber(a.now), tonumber(a.grace_ms), tonumber(a.recheck_ms)
 local open_z = KEYS[1]
@@ -19,10 +21,11 @@ if hb then
   local ok, info = pcall(cjson.decode, hb)
   if ok and type(info) == 'table' and info.host and info.pid then live = info.host .. ':' .. tostring(info.pid) end
 end
-local changed, obligations = {}, {}
+local changed, obligations, follow = {}, {}, {}
 for _, member in ipairs(due) do
+  local score = tonumber(redis.call('ZSCORE', open_z, member))
   if string.sub(member, 1, 3) == 'ob|' then
-    if tonumber(redis.call('ZSCORE', open_z, member)) <= now then obligations[#obligations + 1] = member end
+    if score <= now then obligations[#obligations + 1] = member end
   else
     local rec = a.rec_prefix .. member
     local st = redis.call('HGET', rec, 'status')
@@ -34,6 +37,7 @@ for _, member in ipairs(due) do
         redis.call('HSET', rec, 'status', 'expired', 'reason', 'approval_expired')
         changed[#changed + 1] = member
         changed[#changed + 1] = 'expired'
+        score = now
       else
         nxt = by
       end
@@ -67,17 +71,24 @@ for _, member in ipairs(due) do
         end
       end
       if orphaned then reoffer(rec, KEYS[2], a.channel, a.maxlen, member) end
-      local status = settle(rec, now)
+      local status = settle(rec, now, open_z, member)
       if status ~= 'dispatched' then
         changed[#changed + 1] = member
         changed[#changed + 1] = status
         nxt = nil
+        score = now
       end
     end
-    if nxt then redis.call('ZADD', open_z, nxt, member) else redis.call('ZREM', open_z, member) end
+    local followed = st and redis.call('HGET', rec, 'follow') == '1'
+    if followed and score <= now then follow[#follow + 1] = member end
+    if nxt then
+      redis.call('ZADD', open_z, nxt, member)
+    elseif not followed then
+      redis.call('ZREM', open_z, member)
+    end
   end
 end
 local first = redis.call('ZRANGE', open_z, 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end
-return {tostring(next_due), changed, obligations}
+return {tostring(next_due), changed, obligations, follow}

@@ -4,8 +4,8 @@
 (function () {
   var box = document.getElementById("autorefresh"), stamp = document.getElementById("updated");
   var every = parseInt(document.body.dataset.refreshSeconds || "10", 10) * 1000, busy = false;
-  function refresh() {
-    if (busy || !box.checked || document.hidden) return;
+  function refresh(force) {
+    if (busy || (force !== true && (!box.checked || document.hidden))) return;
     busy = true;
     fetch(location.href, {cache: "no-store", headers: {"Accept": "text/html"}})
       .then(function (resp) { if (!resp.ok) throw new Error(resp.status); return resp.text(); })
@@ -31,4 +31,43 @@
   }
   window.addEventListener("hashchange", openLinked);
   openLinked();
+
+  // Approve and reject held records. The page has no login: the operator token is pasted once and kept in
+  // sessionStorage (this tab only), then sent as a bearer header on a same-origin JSON POST.
+  var TOKEN_KEY = "trainmedic-operator-token";
+  function token() {
+    var t = sessionStorage.getItem(TOKEN_KEY);
+    if (!t) {
+      t = window.prompt("Paste the operator token (TRAINMEDIC_OPERATOR_TOKEN). It is kept in this tab only.");
+      if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
+    }
+    return t ? t.trim() : null;
+  }
+  document.addEventListener("click", function (ev) {
+    var btn = ev.target.closest && ev.target.closest(".decide button");
+    if (!btn) return;
+    var box = btn.closest(".decide"), msg = box.querySelector(".decide-msg");
+    var verb = btn.classList.contains("approve") ? "approve" : "reject";
+    var t = token();
+    if (!t) { msg.textContent = "No operator token: nothing was sent."; msg.className = "decide-msg bad"; return; }
+    var comment = box.querySelector(".comment").value;
+    box.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+    msg.textContent = verb === "approve" ? "Approving…" : "Rejecting…"; msg.className = "decide-msg";
+    fetch(box.dataset[verb], {method: "POST", credentials: "same-origin", cache: "no-store",
+      headers: {"Content-Type": "application/json", "Authorization": "Bearer " + t},
+      body: JSON.stringify(comment ? {comment: comment} : {})})
+      .then(function (resp) {
+        return resp.json().catch(function () { return {}; }).then(function (body) {
+          if (resp.status === 401 || resp.status === 403) sessionStorage.removeItem(TOKEN_KEY);
+          if (!resp.ok) throw new Error(body.error || ("HTTP " + resp.status));
+          msg.textContent = (verb === "approve" ? "Approved: " : "Rejected: ") + "the record is now " +
+            String(body.status).replace(/_/g, " ") + ".";
+          refresh(true);
+        });
+      })
+      .catch(function (err) {
+        msg.textContent = "Not done: " + err.message; msg.className = "decide-msg bad";
+        box.querySelectorAll("button").forEach(function (b) { b.disabled = false; });
+      });
+  });
 })();

@@ -1,0 +1,327 @@
+"""After a remediation is decided: its outcome, its ladder's next stage, its silence, and who hears of it
+(CONTRACT "Outcomes and escalation", "Silences", "Notifications").
+
+The reconciler runs `FollowUp.run` for each record its RECONCILE script lists as due. Every change is one
+atomic step in the record's hash slot: VERDICT decides an outcome once, DECIDE in stage mode makes a stage
+once (the previous record's `next`), and HSETNX marks make a ladder end, a silence and each notification
+happen once, so replicas that race never do anything twice. Alertmanager, Prometheus and notification hooks
+are only ever called from here, never from the webhook.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Mapping
+
+from trainmedic.client.wire import keys, records
+from trainmedic.client.wire.protocol import rfc3339
+
+from .. import outcomes
+from ..http import HttpError
+from ..rules.alerts import alert_of_record
+from ..rules.playbooks import Playbook
+from ..rules.targets import Resolution
+from .alertmanager import Alertmanager
+from .dispatch import Dispatcher
+from .notify import Notice, Notifier, ordered
+from .plan import Decision
+
+log = logging.getLogger("trainmedic.followup")
+
+# Without Alertmanager's API, a pending outcome with no resolve this long after `verify` is ineffective.
+INEFFECTIVE_AFTER = 300.0
+# A silenced alert sends nothing, not even its resolve: its ladder asks Alertmanager this often.
+SILENCED_POLL = 15.0
+# Applied nothing: such a stage ends its ladder unresolved (a rejection is a person's choice, not a failure).
+APPLIED_NOTHING = ("failed", "lost", "expired", "skipped")
+# A silence claimed by a reconciler that stopped before saying how it went is given up after this long.
+SILENCE_CLAIM_TIMEOUT = 60.0
+
+
+class AlertView:
+    """Whether Alertmanager holds an alert as active, asked at most once per pass and only when needed."""
+
+    def __init__(self, alertmanager: Alertmanager | None):
+        self.alertmanager = alertmanager
+        self._active: set[str] | None = None
+        self._asked = False
+
+    @property
+    def configured(self) -> bool:
+        return self.alertmanager is not None
+
+    def active(self, fingerprint: str) -> bool | None:
+        """True or False, or None when it cannot be known (no API, unreachable, just restarted)."""
+        if self.alertmanager is None:
+            return None
+        if not self._asked:
+            self._active, self._asked = self.alertmanager.active_fingerprints(), True
+        return None if self._active is None else fingerprint in self._active
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The alert's resolve, as the episode keeps it."""
+
+    at: str
+    ms: int
+
+
+class FollowUp:
+    """Brings one followed record forward; see the module's docstring."""
+
+    def __init__(self, r: Any, dispatcher: Dispatcher, playbooks: Mapping[str, Playbook],
+                 alertmanager: Alertmanager | None, notifier: Notifier, public_url: str):
+        self.r = r
+        self.dispatcher = dispatcher
+        self.playbooks = playbooks
+        self.alertmanager = alertmanager
+        self.notifier = notifier
+        self.public_url = public_url.rstrip("/")
+        self.scripts = records.Scripts(r)
+
+    def link(self, record_id: str) -> str:
+        return f"{self.public_url}/records/{record_id}"
+
+    def run(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
+        """Do what is due for the record, then set when it is next due (or stop following it)."""
+        h = self.r.hgetall(keys.record(rid))
+        pb = self.playbooks.get(h.get("playbook", "")) if h else None
+        if not h or h.get("follow") != "1" or pb is None:
+            self._stop(target, rid)
+            return
+        status = h["status"]
+        if status == "pending_approval":
+            self._notify(h, pb, ["held"])
+            return  # RECONCILE keeps it due at its approval deadline
+        if self._silence_wanted(h, pb) and status in ("dispatched", "applied", "partially_applied"):
+            h["silence_id"] = self._make_silence(h, pb, now) or ""
+        if status == "dispatched":
+            return  # RECONCILE keeps it due at its expiry
+        work = _Pass(self, target, h, pb, now, view)
+        due = work.run()
+        if due is None:
+            self._stop(target, rid)
+        else:
+            self.r.zadd(keys.due_items(target), {rid: int(due * 1000)})
+
+    def _stop(self, target: keys.Target, rid: str) -> None:
+        self.r.hdel(keys.record(rid), "follow")
+        self.r.zrem(keys.due_items(target), rid)
+
+    # -- notifications, silences
+    def _notify(self, h: Mapping[str, str], pb: Playbook, events: list[str]) -> None:
+        """Send one message for the events not sent before (each event of a record is sent at most once)."""
+        url = self.notifier.url_for(pb.notify)
+        if not url or not events:
+            return
+        rid = h["id"]
+        key = keys.record(rid)
+        fresh = [e for e in ordered(events) if self.r.hsetnx(key, f"notified:{e}", "1")]
+        if not fresh:
+            return
+        target = records.loads_or(h.get("target"), {})
+        alert = records.loads_or(h.get("alert"), {})
+        notice = Notice(rid, pb.name, f"{target.get('kind')}:{target.get('name')}", str(alert.get("alertname", "")),
+                        int(h.get("stage") or 0), tuple(fresh), self.link(rid))
+        self.notifier.send(url, notice)
+
+    def _silence_wanted(self, h: Mapping[str, str], pb: Playbook) -> bool:
+        return (pb.silence and self.alertmanager is not None and not h.get("stage") and not h.get("silence_id")
+                and not h.get("silence_error") and not h.get("ladder_end"))
+
+    def _make_silence(self, h: Mapping[str, str], pb: Playbook, now: float) -> str | None:
+        """Silence the alert for the ladder's length, once; its id (None when not made, or made elsewhere)."""
+        rid, key = h["id"], keys.record(h["id"])
+        if not self.r.hsetnx(key, "silence_claim", str(int(now * 1000))):
+            claimed = int(self.r.hget(key, "silence_claim") or 0) / 1000
+            if now - claimed > SILENCE_CLAIM_TIMEOUT and not self.r.hexists(key, "silence_id"):
+                self.r.hsetnx(key, "silence_error", "the reconciler stopped while it was making the silence")
+            return self.r.hget(key, "silence_id")
+        assert self.alertmanager is not None
+        alert = records.loads_or(h.get("alert"), {})
+        dispatched = int(h.get("dispatched_ms") or h.get("created_ms") or now * 1000) / 1000
+        seconds = max(60.0, dispatched + pb.silence_seconds - now)
+        try:
+            sid = self.alertmanager.create_silence(alert.get("labels") or {}, seconds,
+                                                   f"trainmedic is remediating: {self.link(rid)}")
+        except HttpError as exc:
+            log.warning("silence for %s not made: %s", rid, exc.message, extra={"remediation_id": rid})
+            self.r.hset(key, "silence_error", f"the silence could not be made: {exc.message}")
+            return None
+        self.r.hset(key, "silence_id", sid)
+        log.info("silenced alert %s until the ladder ends", alert.get("alertname"), extra={"remediation_id": rid})
+        return sid
+
+    def _expire_silence(self, first: Mapping[str, str]) -> None:
+        sid = first.get("silence_id")
+        if not sid or self.alertmanager is None:
+            return
+        try:
+            self.alertmanager.expire_silence(sid)
+        except HttpError as exc:
+            # It still ends by itself at its endsAt.
+            log.warning("silence %s not expired early: %s", sid, exc.message, extra={"remediation_id": first["id"]})
+
+    # -- outcomes, stages
+    def verdict(self, h: Mapping[str, str], pb: Playbook, status: str, now: float, resolved_at: str | None = None,
+                time_to_resolve: float | None = None) -> bool:
+        if not records.verdict(self.scripts, h["id"], status, resolved_at, time_to_resolve):
+            return False
+        self.count(h, pb, status, now, time_to_resolve)
+        log.info("outcome of %s: %s%s", h["id"], status,
+                 f" in {time_to_resolve:.1f}s" if time_to_resolve is not None else "",
+                 extra={"remediation_id": h["id"], "playbook": pb.name})
+        return True
+
+    def count(self, h: Mapping[str, str], pb: Playbook, status: str, now: float,
+              time_to_resolve: float | None = None) -> None:
+        """Note an outcome for GET /playbooks and /metrics, once per record and outcome."""
+        if self.r.hsetnx(keys.record(h["id"]), f"counted:{status}", "1"):
+            outcomes.note(self.r, pb.name, h["id"], status, now, time_to_resolve)
+
+    def next_stage(self, target: keys.Target, h: Mapping[str, str], first: Mapping[str, str], pb: Playbook,
+                   stage: int, now: float) -> str:
+        """Make the ladder's next stage after record h: DECIDE's status ('closed' when the episode ended)."""
+        alert = alert_of_record(records.loads_or(first.get("alert"), {}), "firing",
+                                records.loads_or(first.get("alert"), {}).get("fingerprint", ""))
+        context = records.loads_or(first.get("context"), {})
+        extra = (("silence_id", first["silence_id"]),) if first.get("silence_id") else ()
+        d = Decision(pb, "stage", alert, Resolution(target, context), requested_by="reconciler", stage=stage)
+        o = self.dispatcher.decide_one(d, now, prev=h["id"], parent=first["id"], extra=extra)
+        log.info("escalation stage %d of %s: %s", stage, first["id"], o.status,
+                 extra={"remediation_id": o.record_id, "playbook": pb.name, "target": target.label})
+        return o.status
+
+    def note_resolved(self, target: keys.Target, pb: Playbook, fingerprint: str, start: str, first_id: str,
+                      now: float) -> Resolved:
+        """Keep a resolve learnt from Alertmanager's API on the episode, as a resolve notification would, and
+        have every followed record of the ladder looked at now."""
+        ep = keys.episode(target, pb.name, fingerprint)
+        at, ms = rfc3339(now), int(now * 1000)
+        current = self.r.hmget(ep, "res_start", "res_ms", "res_at")
+        if current[0] and current[0] >= start and current[1]:
+            return Resolved(current[2] or at, int(current[1]))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(ep, mapping={"res_start": start, "res_ms": ms, "res_at": at})
+        pipe.pexpire(ep, int(self.dispatcher.settings.episode_ttl * 1000))
+        rid, hops = first_id, 0
+        while rid and hops < 64:
+            pipe.zadd(keys.due_items(target), {rid: ms}, xx=True)
+            rid, hops = self.r.hget(keys.record(rid), "next"), hops + 1
+        pipe.execute()
+        return Resolved(at, ms)
+
+    def end_ladder(self, first: Mapping[str, str], pb: Playbook, how: str, events: list[str]) -> None:
+        """End the ladder once: expire its silence, and say so when it ended unresolved."""
+        if not self.r.hsetnx(keys.record(first["id"]), "ladder_end", how):
+            return
+        log.info("ladder of %s ended: %s", first["id"], how, extra={"remediation_id": first["id"]})
+        self._expire_silence(first)
+        if how == "unresolved":
+            events.append("unresolved")
+
+
+class _Pass:
+    """One look at one settled (or dry-run) record: what is due now, and when to look again."""
+
+    def __init__(self, f: FollowUp, target: keys.Target, h: dict[str, str], pb: Playbook, now: float,
+                 view: AlertView):
+        self.f, self.target, self.h, self.pb, self.now, self.view = f, target, h, pb, now, view
+        self.rid = h["id"]
+        self.stage = int(h.get("stage") or 0)
+        self.alert = records.loads_or(h.get("alert"), {})
+        self.fingerprint = str(self.alert.get("fingerprint", ""))
+        self.first = h if not h.get("parent") else (f.r.hgetall(keys.record(h["parent"])) or h)
+        self.events: list[str] = []
+        self.due: list[float] = []
+        self._active: bool | None = None
+        self._asked = False
+
+    def active(self) -> bool | None:
+        if not self._asked:
+            self._active, self._asked = self.view.active(self.fingerprint), True
+        return self._active
+
+    def resolved(self) -> Resolved | None:
+        """The resolve of this record's episode (or of a later one), from the resolve notification."""
+        ep = self.f.r.hmget(keys.episode(self.target, self.pb.name, self.fingerprint), "res_start", "res_ms", "res_at")
+        start = self.h.get("start") or ""
+        if ep[0] and start and ep[0] >= start and ep[1]:
+            return Resolved(ep[2] or "", int(ep[1]))
+        return None
+
+    def silenced(self) -> bool:
+        """The ladder's alert is silenced by trainmedic: no resolve notification will come."""
+        return bool(self.first.get("silence_id")) and not self.first.get("ladder_end") and self.view.configured
+
+    def run(self) -> float | None:
+        status = self.h["status"]
+        if status in ("failed", "lost"):
+            self.events.append(status)
+        res = self.resolved()
+        outcome = records.loads_or(self.h.get("outcome"))
+        if outcome:
+            outcome, res = self.outcome(outcome["status"], res)
+        if self.h.get("verify_ms") and not self.h.get("next") and not self.first.get("ladder_end"):
+            self.ladder(status, outcome, res)
+        self.f._notify(self.h, self.pb, self.events)
+        return min(self.due) if self.due else None
+
+    def gone(self) -> Resolved | None:
+        """Alertmanager no longer lists the alert: note the resolve on the episode (now, as far as we know),
+        so every record of the ladder is decided by the same resolve."""
+        if self.active() is not False:
+            return None
+        return self.f.note_resolved(self.target, self.pb, self.fingerprint, self.h.get("start") or "",
+                                    self.first["id"], self.now)
+
+    def outcome(self, current: str, res: Resolved | None) -> tuple[str, Resolved | None]:
+        """Decide a pending outcome when it can be; count the others once. Returns the outcome now."""
+        h, f, now = self.h, self.f, self.now
+        if current != "pending":
+            f.count(h, self.pb, current, now)
+            return current, res
+        f.count(h, self.pb, "pending", now)
+        applied = int(h.get("settled_ms") or h.get("created_ms") or 0) / 1000
+        deadline = applied + int(h.get("verify_ms") or 0) / 1000
+        polling = self.silenced()
+        if res is None and (now >= deadline or polling):
+            res = self.gone()
+        if res is not None:
+            f.verdict(h, self.pb, "effective", now, res.at, max(0.0, res.ms / 1000 - applied))
+            return "effective", res
+        if now >= deadline and (self.active() is True or now >= deadline + INEFFECTIVE_AFTER):
+            f.verdict(h, self.pb, "ineffective", now)
+            self.events.append("ineffective")
+            return "ineffective", res
+        later = deadline if now < deadline else deadline + INEFFECTIVE_AFTER
+        self.due.append(min(later, now + SILENCED_POLL) if polling else later)
+        return "pending", res
+
+    def ladder(self, status: str, outcome: str | None, res: Resolved | None) -> None:
+        """The last record of a ladder: end it, or make its next stage when that is due."""
+        f, pb, now = self.f, self.pb, self.now
+        if res is not None:
+            f.end_ladder(self.first, pb, "resolved", self.events)
+        elif status in APPLIED_NOTHING:
+            reason = self.h.get("reason") or ""
+            how = {"rejected": "rejected", "resolved_before_approval": "resolved"}.get(reason, "unresolved")
+            f.end_ladder(self.first, pb, how, self.events)
+        elif self.stage < len(pb.escalate):
+            base = int(self.h.get("settled_ms") or self.h.get("created_ms") or 0) / 1000
+            at = base + pb.escalate[self.stage].after
+            if now < at:
+                self.due.append(min(at, now + SILENCED_POLL) if self.silenced() else at)
+                if self.silenced() and self.gone():
+                    f.end_ladder(self.first, pb, "resolved", self.events)
+            elif self.gone():
+                f.end_ladder(self.first, pb, "resolved", self.events)
+            elif f.next_stage(self.target, self.h, self.first, pb, self.stage + 1, now) == "closed":
+                # The episode is over: resolved, or replaced by a later one of the same alert.
+                f.end_ladder(self.first, pb, "resolved" if self.resolved() else "superseded", self.events)
+        elif status == "dry_run":
+            f.end_ladder(self.first, pb, "dry_run", self.events)
+        elif outcome in ("ineffective", "unknown"):
+            f.end_ladder(self.first, pb, "unresolved", self.events)

@@ -1,0 +1,115 @@
+"""Prometheus's HTTP API, as trainmedic asks it: the alert's expression around a remediation (the pages),
+and `when:` conditions (the reconciler). Every query has a short timeout; answers are cached in Redis."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .http import Http, HttpError
+
+# Most series one chart draws (an expression may return hundreds: the first ones are shown, and counted).
+MAX_SERIES = 8
+MAX_POINTS = 240
+
+
+class PrometheusError(Exception):
+    """A query that gave no answer; the message is one sentence for the page or the record."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a range query: its labels and its finite points (seconds, value)."""
+
+    labels: dict[str, str]
+    points: tuple[tuple[float, float], ...]
+
+    @property
+    def name(self) -> str:
+        shown = {k: v for k, v in self.labels.items() if k != "__name__"}
+        return ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or self.labels.get("__name__", "value")
+
+
+def expr_of(generator_url: str | None) -> str | None:
+    """The alert's PromQL expression from its generatorURL (Prometheus puts it in `g0.expr`), or None."""
+    if not generator_url:
+        return None
+    try:
+        values = parse_qs(urlsplit(generator_url).query).get("g0.expr")
+    except ValueError:
+        return None
+    expr = values[0].strip() if values else ""
+    return expr or None
+
+
+def _finite(text: Any) -> float | None:
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+class Prometheus:
+    """One Prometheus server (TRAINMEDIC_PROMETHEUS_URL)."""
+
+    def __init__(self, url: str, timeout: float = 2.0):
+        self.url = url
+        # One try: a page must stay fast when Prometheus is slow, and the next view asks again.
+        self.http = Http(url, timeout=timeout, retries=0)
+
+    def _data(self, path: str, params: dict[str, Any]) -> Any:
+        try:
+            body = self.http.get(path, params=params)
+        except HttpError as exc:
+            raise PrometheusError(_why(exc)) from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise PrometheusError("Prometheus did not answer with data")
+        return body.get("data") or {}
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> tuple[list[Series], int]:
+        """The expression's series from start to end (at most MAX_SERIES of them), and how many there were."""
+        data = self._data("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                   "step": f"{max(step, 1.0):.3f}"})
+        result = data.get("result") if isinstance(data, dict) else None
+        if data.get("resultType") != "matrix" or not isinstance(result, list):
+            raise PrometheusError("the expression does not give a range of numbers")
+        out = []
+        for item in result[:MAX_SERIES]:
+            labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+            points = []
+            for t, v in item.get("values") or ():
+                tt, vv = _finite(t), _finite(v)
+                if tt is not None and vv is not None:
+                    points.append((tt, vv))
+            out.append(Series(labels, tuple(points)))
+        return out, len(result)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result (a list of samples; empty when the expression matches nothing)."""
+        data = self._data("/api/v1/query", {"query": expr})
+        result = data.get("result") if isinstance(data, dict) else None
+        if data.get("resultType") == "scalar" and isinstance(result, list):
+            return [{"value": result}]
+        if not isinstance(result, list):
+            raise PrometheusError("Prometheus did not answer with a result")
+        return result
+
+
+def _why(exc: HttpError) -> str:
+    if exc.status is None:
+        return "Prometheus did not answer in time or cannot be reached"
+    error = exc.body.get("error") if isinstance(exc.body, dict) else None
+    return f"Prometheus refused the query: {error}" if error else f"Prometheus answered HTTP {exc.status}"
+
+
+def encode(series: list[Series], total: int) -> str:
+    """Series as cached in Redis."""
+    return json.dumps({"total": total, "series": [{"labels": s.labels, "points": s.points} for s in series]})
+
+
+def decode(text: str) -> tuple[list[Series], int]:
+    d = json.loads(text)
+    return [Series(s["labels"], tuple((float(t), float(v)) for t, v in s["points"])) for s in d["series"]], d["total"]

@@ -1,0 +1,232 @@
+"""The metric around a remediation, drawn server-side as SVG: the alert's expression from Prometheus over a
+bounded window, a marker for each action, stage and the resolve, and below it the job's LR or the node's
+power limit as the acks reported them. Prometheus's answer is cached in Redis per record; a slow or absent
+Prometheus leaves the page fast, with a note instead of the chart."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Iterable, Sequence
+
+from trainmedic.client.wire import keys
+
+from ..prometheus import Prometheus, PrometheusError, Series, decode, encode, expr_of
+from .charts import Frame, Tick, floats, lr_changes, parse_time, time_ticks, x_of
+
+BEFORE = 15 * 60.0
+AFTER = 15 * 60.0
+MAX_SPAN = 6 * 3600.0
+POINTS = 240
+# A window that reaches into the present is asked again after this long; one wholly past, after a day.
+FRESH_TTL = 30
+PAST_TTL = 86400
+# After a failed query the page shows its note this long before asking Prometheus again.
+FAILED_TTL = 30
+POWER_ACTIONS = ("power_limit", "restore_power_limit")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A vertical line at a moment: an action's ack, a stage, the alert's start or its resolve."""
+
+    x: float
+    kind: str
+    label: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series as an SVG path."""
+
+    path: str
+    name: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One chart: lines, axes and markers in a frame."""
+
+    frame: Frame
+    lines: tuple[Line, ...]
+    xticks: tuple[Tick, ...]
+    yticks: tuple[Tick, ...]
+    markers: tuple[Marker, ...]
+    title: str
+
+
+@dataclass(frozen=True)
+class Around:
+    """What a page shows around one remediation."""
+
+    record_id: str
+    expr: str | None
+    metric: Plot | None
+    note: str | None
+    below: Plot | None
+    shown: int = 0
+    total: int = 0
+
+
+def window(anchor: dict[str, Any], ladder: Sequence[dict[str, Any]], now: float) -> tuple[float, float]:
+    """From a while before the remediation to a while after its last event (or now), at most MAX_SPAN."""
+    created = parse_time(anchor.get("created_at")) or now
+    started = parse_time((anchor.get("alert") or {}).get("starts_at")) or created
+    t0 = min(created - BEFORE, max(started, created - MAX_SPAN / 2) - 60)
+    last = max([created, *(t for t, _ in _events(ladder))])
+    t1 = min(now, last + AFTER, t0 + MAX_SPAN)
+    return t0, max(t1, min(now, t0 + 600))
+
+
+def _events(records: Iterable[dict[str, Any]]) -> list[tuple[float, Marker]]:
+    """(time, marker with x unset) for each ack, stage and resolve of the records."""
+    out = []
+    for rec in records:
+        stage = (rec.get("escalation") or {}).get("stage") or 0
+        created = parse_time(rec.get("created_at"))
+        if stage and created is not None:
+            out.append((created, Marker(0, "stage", f"stage {stage}", f"escalation stage {stage} decided")))
+        for a in rec.get("actions") or ():
+            at = parse_time(a.get("acked_at"))
+            if at is not None and a.get("status") == "applied":
+                out.append((at, Marker(0, "action", a["action"], f"{a['action']} applied ({rec['playbook']})")))
+        resolved = parse_time((rec.get("outcome") or {}).get("resolved_at"))
+        if resolved is not None:
+            out.append((resolved, Marker(0, "resolve", "resolved", "the alert resolved")))
+    return out
+
+
+def _markers(anchor: dict[str, Any], records: Iterable[dict[str, Any]], t0: float, t1: float,
+             frame: Frame) -> tuple[Marker, ...]:
+    events = _events(records)
+    started = parse_time((anchor.get("alert") or {}).get("starts_at"))
+    if started is not None:
+        events.append((started, Marker(0, "alert", "fired", "the alert started firing")))
+    seen: set[tuple[str, float]] = set()
+    out = []
+    for t, m in sorted(events, key=lambda e: e[0]):
+        if t0 <= t <= t1 and (m.kind, round(t)) not in seen:
+            seen.add((m.kind, round(t)))
+            out.append(Marker(x_of(t, t0, t1, frame), m.kind, m.label, m.title))
+    return tuple(out)
+
+
+def _nice_ticks(lo: float, hi: float) -> list[float]:
+    """About five round values from lo to hi."""
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / 4
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def plot(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], t0: float, t1: float, title: str,
+         markers_for: Any = None, height: int = 240) -> Plot | None:
+    """Lines for (name, points) pairs over [t0, t1]; None when no point falls in the window."""
+    frame = Frame(height=height, left=80)
+    values = [v for _, pts in series for t, v in pts if t0 <= t <= t1]
+    if not values:
+        return None
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
+    lo, hi = lo - pad, hi + pad
+
+    def y(v: float) -> float:
+        return round(frame.y1 - (v - lo) / (hi - lo) * (frame.y1 - frame.top), 1)
+
+    lines = []
+    for i, (name, pts) in enumerate(series):
+        inside = [(t, v) for t, v in pts if t0 <= t <= t1]
+        if inside:
+            path = " ".join(("M" if j == 0 else "L") + f"{x_of(t, t0, t1, frame)},{y(v)}"
+                            for j, (t, v) in enumerate(inside))
+            lines.append(Line(path, name, i))
+    yticks = tuple(Tick(y(v), f"{v:.4g}") for v in _nice_ticks(lo, hi))
+    markers = markers_for(t0, t1, frame) if markers_for else ()
+    return Plot(frame, tuple(lines), time_ticks(t0, t1, frame), yticks, markers, title)
+
+
+def steps(changes: Iterable[tuple[float, float, float]], t1: float) -> list[tuple[float, float]]:
+    """A step line through (time, before, after) changes, held until t1."""
+    pts: list[tuple[float, float]] = []
+    for t, before, after in sorted(changes):
+        pts += [(t, before), (t, after)]
+    if pts:
+        pts.append((max(t1, pts[-1][0]), pts[-1][1]))
+    return pts
+
+
+def below(kind: str, records: Sequence[dict[str, Any]], t0: float, t1: float,
+          markers_for: Any) -> Plot | None:
+    """A job's LR (param group 0) or a node's power limit per GPU, as the acks reported them."""
+    if kind == "job":
+        lr = [(c.at, c.before[0], c.after[0]) for c in lr_changes(records)]
+        return plot([("learning rate", steps(lr, t1))], t0, t1, "learning rate (param group 0)", markers_for, 160)
+    per_gpu: dict[str, list[tuple[float, float, float]]] = {}
+    for rec in records:
+        for a in rec.get("actions") or ():
+            res = a.get("result")
+            at = parse_time(a.get("acked_at"))
+            if a.get("action") not in POWER_ACTIONS or a.get("status") != "applied" or not isinstance(res, dict):
+                continue
+            vals = floats([res.get("old_watts"), res.get("new_watts")])
+            if at is None or vals is None:
+                continue
+            gpu = res.get("gpu")
+            gpu = gpu if isinstance(gpu, dict) else {}
+            per_gpu.setdefault(f"GPU {gpu.get('index', '?')}", []).append((at, vals[0], vals[1]))
+    return plot([(name, steps(ch, t1)) for name, ch in sorted(per_gpu.items())], t0, t1, "power limit (W)",
+                markers_for, 160)
+
+
+def around(r: Any, prom: Prometheus | None, anchor: dict[str, Any], records: Sequence[dict[str, Any]],
+           now: float) -> Around:
+    """The chart around `anchor` (a record), with the markers of `records` (its ladder, or the target's)."""
+    rid = anchor["id"]
+    expr = expr_of((anchor.get("alert") or {}).get("generator_url"))
+    t0, t1 = window(anchor, [r_ for r_ in records if r_["id"] == rid or _same_ladder(r_, anchor)], now)
+    kind = (anchor.get("target") or {}).get("kind") or "job"
+
+    def markers_for(a: float, b: float, frame: Frame) -> tuple[Marker, ...]:
+        return _markers(anchor, records, a, b, frame)
+
+    lower = below(kind, records, t0, t1, markers_for)
+    if prom is None:
+        return Around(rid, expr, None, "Set TRAINMEDIC_PROMETHEUS_URL to see the alert's metric around each "
+                                       "remediation.", lower)
+    if expr is None:
+        return Around(rid, None, None, "The alert carries no expression (its generatorURL has no g0.expr).", lower)
+    try:
+        series, total = _cached_range(r, prom, anchor, expr, t0, t1, now)
+    except PrometheusError as exc:
+        return Around(rid, expr, None, f"No chart: {exc}.", lower)
+    metric = plot([(s.name, s.points) for s in series], t0, t1, expr, markers_for)
+    note = None if metric else "Prometheus has no samples of the alert's expression in this window."
+    return Around(rid, expr, metric, note, lower, len(series), total)
+
+
+def _same_ladder(rec: dict[str, Any], anchor: dict[str, Any]) -> bool:
+    first = (anchor.get("escalation") or {}).get("parent") or anchor["id"]
+    return rec["id"] == first or (rec.get("escalation") or {}).get("parent") == first
+
+
+def _cached_range(r: Any, prom: Prometheus, anchor: dict[str, Any], expr: str, t0: float, t1: float,
+                  now: float) -> tuple[list[Series], int]:
+    key = keys.chart_cache(keys.target_of_record(anchor["id"]), anchor["id"])
+    cached = r.get(key)
+    if cached:
+        if cached.startswith("!"):
+            raise PrometheusError(cached[1:])
+        series, total = decode(cached)
+        return series, total
+    try:
+        series, total = prom.query_range(expr, t0, t1, (t1 - t0) / POINTS)
+    except PrometheusError as exc:
+        r.set(key, "!" + str(exc), ex=FAILED_TTL)
+        raise
+    r.set(key, encode(series, total), ex=FRESH_TTL if t1 >= now - 60 else PAST_TTL)
+    return series, total
