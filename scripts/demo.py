@@ -65,11 +65,14 @@ class Demo:
         step("trainmedic service (gunicorn) and a node agent")
         self.port = self.args.port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.prom_port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
         self.spawn("trainmedic", [sys.executable, "-m", "trainmedic.service.cli", "serve", "--port", str(self.port),
                                   "--workers", "2", "--redis-url", self.redis.url,
                                   "--data-dir", str(self.work / "serve")],
-                   env={**env, "TRAINMEDIC_WEBHOOK_TOKEN": self.token})
+                   env={**env, "TRAINMEDIC_WEBHOOK_TOKEN": self.token,
+                        # The pages draw the alert's metric around each remediation from it.
+                        "TRAINMEDIC_PROMETHEUS_URL": f"http://127.0.0.1:{self.prom_port}"})
         wait_until(lambda: get(self.url + "/readyz") is not None, 60, "the service to be ready")
 
         step(f"toy training job {JOB!r} (loss spikes on purpose at step {self.args.spike_at})")
@@ -87,7 +90,8 @@ class Demo:
         step("Prometheus (Debian), evaluating the shipped rules every second")
         rules = sorted((ROOT / "config" / "rules").glob("*.yml"))
         rules = [r for r in rules if not r.name.startswith("test")]
-        self.prom = Prometheus(self.work, [f"127.0.0.1:{self.metrics_port}"], rules, f"127.0.0.1:{self.am.port}")
+        self.prom = Prometheus(self.work, [f"127.0.0.1:{self.metrics_port}"], rules, f"127.0.0.1:{self.am.port}",
+                               port=self.prom_port)
         self.children.append(self.prom)
 
     def stop(self) -> None:
@@ -150,6 +154,21 @@ class Demo:
             print()
         raise TimeoutError(f"the loop did not close within {self.args.timeout:.0f}s; logs are in {self.work}")
 
+    def verdict(self, seen: dict[str, Any]) -> dict[str, Any]:
+        """After the ack: wait until trainmedic has decided whether it worked (the alert resolved, or not)."""
+        rid = seen["record"]["id"]
+        deadline = time.monotonic() + self.args.timeout
+        print("Waiting for the outcome: did the alert resolve after the remediation?", flush=True)
+        while time.monotonic() < deadline:
+            rec = get(f"{self.url}/remediations/{rid}")
+            outcome = (rec or {}).get("outcome") or {}
+            if outcome.get("status") in ("effective", "ineffective"):
+                seen["record"], seen["outcome_seen_at"] = rec, time.time()
+                return seen
+            time.sleep(0.25)
+        print(f"  (no outcome within {self.args.timeout:.0f}s; it stays pending until the alert resolves)")
+        return seen
+
 
 def get(url: str, params: dict | None = None) -> Any:
     try:
@@ -191,10 +210,18 @@ def timeline(demo: Demo, seen: dict[str, Any]) -> dict[str, Any]:
             step_no = (a["result"] or {}).get("step")
             rows.append((ts(a["acked_at"]), f"{JOB}: {a['action']} {a['status']}"
                          f"{' at step ' + str(step_no) if step_no is not None else ''}{detail}"))
+    outcome = rec.get("outcome") or {}
+    if outcome.get("resolved_at"):
+        rows.append((ts(outcome["resolved_at"]), f"Prometheus: {ALERT} resolved (Alertmanager's endsAt)"))
+    if "outcome_seen_at" in seen:
+        ttr = outcome.get("time_to_resolve_s")
+        rows.append((seen["outcome_seen_at"], f"trainmedic: outcome {outcome['status']}"
+                     + (f", {ttr:.1f}s from the last ack to the resolve" if ttr is not None else "")))
     print("\nTimeline")
     for when, what in sorted(rows):
         print(f"  +{when - demo.t0:6.1f}s  {what}")
-    summary: dict[str, Any] = {"record_status": rec["status"], "record_id": rec["id"]}
+    summary: dict[str, Any] = {"record_status": rec["status"], "record_id": rec["id"],
+                               "outcome": outcome.get("status"), "time_to_resolve_s": outcome.get("time_to_resolve_s")}
     if scale and scale["result"]:
         summary["old_lr"], summary["new_lr"] = scale["result"]["old_lr"], scale["result"]["new_lr"]
         summary["scale_lr_status"] = scale["status"]
@@ -204,7 +231,7 @@ def timeline(demo: Demo, seen: dict[str, Any]) -> dict[str, Any]:
         print(f"\nAlert to applied (Prometheus firing -> job's ack): {summary['alert_to_applied_s']:.2f}s "
               f"(webhook -> ack {summary['webhook_to_applied_s'] * 1000:.0f} ms; firing seen by polling every 0.25 s)")
     summary["total_s"] = round(time.time() - demo.t0, 1)
-    print(f"History page: {demo.url}/   (API: {demo.url}/history)")
+    print(f"History page: {demo.url}/   (this remediation: {demo.url}/records/{rec['id']})")
     return summary
 
 
@@ -224,7 +251,7 @@ def main() -> int:
         demo.start()
         print("Waiting for the loss spike, the alert, and the remediation "
               f"(the shipped {ALERT} rule holds for 20 seconds before it fires):")
-        summary = timeline(demo, demo.watch())
+        summary = timeline(demo, demo.verdict(demo.watch()))
         ok = summary.get("scale_lr_status") == "applied" and summary.get("new_lr") and \
             abs(summary["new_lr"][0] - summary["old_lr"][0] * 0.5) < 1e-12
         code = 0 if ok else 1

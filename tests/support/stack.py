@@ -121,8 +121,9 @@ class Alertmanager(_Child):
 class Prometheus(_Child):
     """Debian's prometheus scraping the given targets every second and evaluating the given rule files."""
 
-    def __init__(self, workdir: Path, targets: Sequence[str], rule_files: Sequence[Path], alertmanager: str):
-        self.port = free_port()
+    def __init__(self, workdir: Path, targets: Sequence[str], rule_files: Sequence[Path], alertmanager: str,
+                 port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         conf = workdir / "prometheus.yml"
         rules = "\n".join(f"  - {p}" for p in rule_files)
