@@ -19,7 +19,7 @@ from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
 # Fixtures other test modules share: the NVML stand-in and node agents as real processes.
-pytest_plugins = ["tests.support.nvml"]
+pytest_plugins = ["tests.support.nvml", "tests.support.browser"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "alertmanager-0.25"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,16 +10,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 import torch
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-from werkzeug.serving import WSGIRequestHandler, make_server
+from playwright.sync_api import Browser, Page, expect
 
 from trainmedic.client import RemediationClient
 
 from tests.conftest import load_fixture, post_json
+from tests.support.browser import Server, shot
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 PLAYBOOKS = """
 playbooks:
   - name: loss-spike
@@ -55,25 +51,6 @@ def alert(alertname: str, fingerprint: str, **labels: str) -> dict:
     a["labels"] = {"alertname": alertname, "severity": "critical", **labels}
     a["fingerprint"] = fingerprint
     return body
-
-
-class QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        pass  # the auto-refresh asks every second: its access log would bury a failure's output
-
-
-class Server:
-    """The app from make_app behind a real HTTP server in a thread."""
-
-    def __init__(self, app: Any):
-        self.http = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
-        self.url = f"http://127.0.0.1:{self.http.server_port}"
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.http.shutdown()
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -121,14 +98,6 @@ def site(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Itera
     rc.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def dialogs() -> list[str]:
     """Messages of every alert()/confirm() the page opened (a script from alert text would open one)."""
@@ -142,13 +111,6 @@ def page(browser: Browser, dialogs: list[str]) -> Iterator[Page]:
     pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     yield pg
     ctx.close()
-
-
-def shot(page: Page, name: str) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / name
-    page.screenshot(path=str(path), full_page=True)
-    return path
 
 
 def test_the_page_lists_records_newest_first_and_filters_them(site: tuple[Server, Any], page: Page) -> None:

@@ -11,7 +11,8 @@ import redis
 from playwright.sync_api import Browser, Page, expect
 
 from tests.conftest import OPERATOR, post_json
-from tests.test_ui import CHROMIUM_ARGS, Server, alert, browser, shot  # noqa: F401 (browser is a fixture)
+from tests.support.browser import Server, shot
+from tests.test_ui import alert
 
 PLAYBOOKS = """
 playbooks:

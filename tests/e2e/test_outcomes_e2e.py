@@ -15,15 +15,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import requests
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Browser
 
 from tests.conftest import TOKEN, write_playbooks
+from tests.support.browser import shot
 from tests.support.receiver import Receiver
 from tests.support.stack import Alertmanager, Prometheus
 from trainmedic.service.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "artifacts"
 RULES = """\
 groups:
   - name: toy
@@ -154,7 +154,8 @@ def last_ack(rec: dict[str, Any]) -> float:
     return max(ts(a["acked_at"]) for a in rec["actions"])
 
 
-def test_outcomes_and_ladders_with_real_prometheus_alertmanager_and_jobs(stack: Callable[..., Stack]) -> None:
+def test_outcomes_and_ladders_with_real_prometheus_alertmanager_and_jobs(stack: Callable[..., Stack],
+                                                                        browser: Browser) -> None:
     s = stack(jobs={"works": "halve-once", "between": "halve-twice", "stuck": "stuck"})
     # One that works: one halving brings the loss down; the alert resolves before stage 1 is due.
     works = wait(lambda: [r for r in s.ladder("works") if (r["outcome"] or {}).get("status") == "effective"],
@@ -183,22 +184,19 @@ def test_outcomes_and_ladders_with_real_prometheus_alertmanager_and_jobs(stack: 
     assert pb["outcomes"]["effective"] == 3 and pb["outcomes"]["ineffective"] == 3
     assert pb["time_to_resolve_s"]["median"] is not None
     # Screenshots of the pages with the metric chart from the real Prometheus.
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1360, "height": 900})
-        page.goto(f"{s.server.url}/records/{stuck[2]['id']}")
-        assert page.locator("#around svg path.series").count() >= 1
-        assert page.locator("#around .mk-stage").count() >= 2 and page.locator("#around .mk-resolve").count() >= 1
-        page.screenshot(path=str(ARTIFACTS / "record-ladder.png"), full_page=True)
-        page.goto(f"{s.server.url}/targets/job/works")
-        assert page.locator("#around svg path.series").count() >= 1
-        assert "learning rate" in page.locator("#around").inner_text().lower()
-        page.screenshot(path=str(ARTIFACTS / "target-metric.png"), full_page=True)
-        page.goto(s.server.url + "/")
-        assert "3 effective · 3 ineffective" in page.locator("#effectiveness").inner_text()
-        page.screenshot(path=str(ARTIFACTS / "history-outcomes.png"), full_page=True)
-        browser.close()
+    page = browser.new_page(viewport={"width": 1360, "height": 900})
+    page.goto(f"{s.server.url}/records/{stuck[2]['id']}")
+    assert page.locator("#around svg path.series").count() >= 1
+    assert page.locator("#around .mk-stage").count() >= 2 and page.locator("#around .mk-resolve").count() >= 1
+    shot(page, "record-ladder.png")
+    page.goto(f"{s.server.url}/targets/job/works")
+    assert page.locator("#around svg path.series").count() >= 1
+    assert "learning rate" in page.locator("#around").inner_text().lower()
+    shot(page, "target-metric.png")
+    page.goto(s.server.url + "/")
+    assert "3 effective · 3 ineffective" in page.locator("#effectiveness").inner_text()
+    shot(page, "history-outcomes.png")
+    page.close()
 
 
 def test_a_silence_is_made_and_expired_through_a_cluster_of_two_alertmanagers(stack: Callable[..., Stack]) -> None:
