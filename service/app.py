@@ -85,12 +85,12 @@ def init_app(app: Flask, settings: Settings) -> None:
     dispatcher = Dispatcher(r, Signer.from_secret(settings.signing_key), DispatchSettings(
         dry_run=settings.dry_run, alertmanager_poll=rs.alertmanager_poll if am else None,
         notify=bool(settings.notify_url)))
-    reconciler = Reconciler(r, dispatcher, playbooks, rs, alertmanager=am)
+    prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
+    reconciler = Reconciler(r, dispatcher, playbooks, rs, alertmanager=am, prometheus=prometheus)
     try:
         reconciler.mark_epoch()
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
-    prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
     app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, Metrics(), prometheus)
 
     from .web import register

@@ -174,12 +174,11 @@ def test_every_alert_the_rules_fire_resolves_to_a_target_and_is_dispatched(http:
     for m in made:
         record = http.get(f"/remediations/{m['id']}").get_json()
         name = record["alert"]["labels"]["alertname"]
-        if name == "TrainingThroughputDrop":  # recorded for review: no actions, but a real target
-            assert (record["status"], record["reason"]) == ("skipped", "no_actions")
-        elif name == "GPUXidError":  # a drain waits for a person
+        if name == "GPUXidError":  # a drain waits for a person
             assert record["status"] == "pending_approval", record
         else:
-            assert record["status"] == "dispatched", record
+            # Nothing runs the targets here: the record says so, and the commands wait for them.
+            assert (record["status"], record["reason"]) == ("dispatched", "no_live_target"), record
         kind = "node" if name in ("GPUTemperatureHigh", "DiskSpaceLow", "GPUXidError") else "job"
         assert record["target"]["kind"] == kind
         assert record["target"]["name"] in ("gpu-node-01", "llama-ft-01", "llama-eval-01")

@@ -235,7 +235,8 @@ def test_the_training_client_logs_each_applied_action_with_id_fingerprint_and_ta
     for o in lines:
         assert o["fingerprint"] == "071ff15f8faead0f"
         assert o["target"] == "job:llama-ft-01"
-    assert _wait_acked(http, rid)["status"] == "partially_applied"  # no rollback handler: unsupported
+    # No rollback handler: the optional step is skipped, which fails nothing.
+    assert _wait_acked(http, rid)["status"] == "applied"
 
 
 def test_every_line_of_the_agent_is_json_and_its_action_lines_name_id_fingerprint_and_target(

@@ -23,7 +23,18 @@ def test_the_shipped_playbooks_answer_the_contract_alerts_and_the_xid_error() ->
     assert [s.action for s in by_alert["GPUMemoryUsageHigh"].actions] == ["empty_cache", "reduce_batch_size"]
     assert [s.action for s in by_alert["TrainingLossSpike"].actions] == ["rollback_checkpoint", "scale_lr"]
     assert by_alert["DiskSpaceLow"].actions[0].params == {"keep_last": 3, "older_than": "7d"}
-    assert by_alert["TrainingThroughputDrop"].actions == ()
+    # CONTRACT "Shipped playbooks": the steps a plain client cannot apply are optional.
+    assert [(s.action, s.optional) for s in by_alert["GPUMemoryUsageHigh"].actions] == [
+        ("empty_cache", False), ("reduce_batch_size", True)]
+    assert [(s.action, s.optional) for s in by_alert["TrainingLossSpike"].actions] == [
+        ("rollback_checkpoint", True), ("scale_lr", False)]
+    drop = by_alert["TrainingThroughputDrop"].actions
+    assert [(s.action, s.params, s.optional) for s in drop] == [
+        ("reduce_dataloader_workers", {"factor": 0.5, "min": 1}, True),
+        ("enable_gradient_accumulation", {"steps": 2}, True)]
+    assert all('nodename="$node"' in (s.when or "") for s in drop)
+    assert "node_cpu_seconds_total" in (drop[0].when or "") and "> 0.8" in (drop[0].when or "")
+    assert "MemAvailable" in (drop[1].when or "") and "> 0.85" in (drop[1].when or "")
 
 
 def test_defaults_are_on_the_safe_side(tmp_path: Path) -> None:

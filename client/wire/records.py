@@ -51,7 +51,7 @@ def ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-SCRIPTS = ("decide", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog", "verdict")
+SCRIPTS = ("decide", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog", "verdict", "deferred")
 
 
 class Scripts:
@@ -70,6 +70,7 @@ class Scripts:
     reapply: Any
     backlog: Any
     verdict: Any
+    deferred: Any
 
 
 Call = tuple[Any, list[str], list[Any]]
@@ -108,6 +109,15 @@ class Step:
         if self.when:
             d["when"] = self.when
         return dumps(d)
+
+
+# Actions decided before anything is sent: (index, status, reason, message) each.
+Early = tuple[tuple[int, str, str, str], ...]
+
+
+def early_arg(early: Early) -> dict[str, list[str]]:
+    """Early decisions as the scripts take them (a JSON object keyed by action index)."""
+    return {str(i): [status, reason, message] for i, status, reason, message in early}
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,9 @@ class NewRecord:
     ends_at: str = ""
     ends_ms: int = 0
     extra: tuple[tuple[str, str], ...] = ()
+    early: Early = ()
+    no_live: bool = False
+    defer: bool = False
 
     def call(self, scripts: Scripts) -> Call:
         """The DECIDE call (script, keys, args) for run_scripts."""
@@ -180,6 +193,7 @@ class NewRecord:
             "ob_member": keys.obligation_member(self.playbook, self.fingerprint),
             "ob_due_ms": now_ms + ms(self.obligation_due), "n": len(self.steps), "fields": fields,
             "follow": int(self.follow), "ends_at": self.ends_at, "ends_ms": self.ends_ms,
+            "early": early_arg(self.early), "no_live": int(self.no_live), "defer": int(self.defer),
         }
         ks = [keys.record(self.rid), keys.mailbox(t), keys.episode(t, self.playbook, self.fingerprint),
               keys.cooldown(t, self.playbook), keys.budget(t, self.playbook),
@@ -191,10 +205,12 @@ class NewRecord:
 
 def approve_call(scripts: Scripts, rid: str, *, verb: str, now: float, by: str, comment: str, command: str,
                  signature: str, expires_at: float, playbook: str, fingerprint: str, firing: bool, undo: bool,
-                 obligation_due: float, episode_ttl: float, maxlen: int) -> Call:
+                 obligation_due: float, episode_ttl: float, maxlen: int, early: Early = (),
+                 defer: bool = False) -> Call:
     """The APPROVE call: release (verb approve) or refuse (verb reject) a held record."""
     t = keys.target_of_record(rid)
     args = {"now": int(now * 1000), "at": rfc3339(now), "verb": verb, "by": by, "comment": comment,
+            "early": early_arg(early), "defer": int(defer),
             "maxlen": maxlen, "channel": keys.wake_channel(t), "command": command, "signature": signature,
             "expires_ms": int(expires_at * 1000), "undo": int(undo and firing),
             "ob_member": keys.obligation_member(playbook, fingerprint),
@@ -271,6 +287,16 @@ def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float
     due = int(float(nxt))
     return Reconciled(None if due < 0 else due, tuple(zip(flat[::2], flat[1::2])), tuple(map(str, obligations)),
                       tuple(map(str, follow)))
+
+
+def deferred(scripts: Scripts, record_id: str, now: float, command: str, signature: str, early: Early,
+             maxlen: int) -> str | None:
+    """Send a record's command after its conditions (see lua/deferred.lua); its status, or None if not waiting."""
+    t = keys.target_of_record(record_id)
+    args = {"now": int(now * 1000), "at": rfc3339(now), "rid": record_id, "command": command, "signature": signature,
+            "channel": keys.wake_channel(t), "maxlen": maxlen, "early": early_arg(early)}
+    answer = scripts.deferred(keys=[keys.record(record_id), keys.mailbox(t), keys.due_items(t)], args=[dumps(args)])
+    return str(answer) if answer else None
 
 
 def verdict(scripts: Scripts, record_id: str, status: str, resolved_at: str | None = None,

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import ActionCall, Command
@@ -80,10 +80,49 @@ def fence_key(d: Decision) -> str:
     return f"{d.alert.fingerprint}|{d.alert.episode_start}|{d.playbook.name}|{d.stage}|{mode}"
 
 
-def command_for(record_id: str, target: keys.Target, steps: Iterable[Step], context: dict, now: float,
+@dataclass(frozen=True)
+class Reach:
+    """What a target's heartbeat says: whether a process is live, and the actions it can apply."""
+
+    live: bool
+    actions: frozenset[str] | None = None  # None: it does not say (an older client)
+
+    @classmethod
+    def from_heartbeat(cls, raw: str | None) -> Reach:
+        if not raw:
+            return cls(False)
+        try:
+            listed = json.loads(raw).get("actions")
+        except (ValueError, AttributeError):
+            return cls(True)
+        ok = isinstance(listed, list) and all(isinstance(a, str) for a in listed)
+        return cls(True, frozenset(listed) if ok else None)
+
+
+def plan_send(target: keys.Target, steps: Sequence[Step],
+              reach: Reach | None) -> tuple[records.Early, list[tuple[int, Step]], bool]:
+    """Which steps go out now: (decided early, (index, step) to send, whether `when:` conditions come first).
+
+    A live target whose heartbeat does not list a step's action cannot apply it: an optional step is
+    skipped (`unsupported`), another is `unsupported` / `target_cannot` at once; the rest still go out.
+    """
+    early: list[tuple[int, str, str, str]] = []
+    send: list[tuple[int, Step]] = []
+    for i, st in enumerate(steps):
+        if reach is not None and reach.live and reach.actions is not None and st.action not in reach.actions:
+            why = (f"The live process of {target.label} cannot apply {st.action}: its heartbeat does not list it"
+                   f"{' (register a handler for it)' if target.kind == 'job' else ''}.")
+            early.append((i, "skipped", "unsupported", why) if st.optional else
+                         (i, "unsupported", "target_cannot", why))
+        else:
+            send.append((i, st))
+    return tuple(early), send, any(st.when for _, st in send)
+
+
+def command_for(record_id: str, target: keys.Target, steps: Iterable[tuple[int, Step]], context: dict, now: float,
                 expire_after: float, fingerprint: str = "", fence: str = "", starts_at: str = "") -> Command:
-    """The mailbox command for a record's actions."""
-    calls = tuple(ActionCall(i, st.action, dict(st.params), st.optional) for i, st in enumerate(steps))
+    """The mailbox command for a record's actions (each keeps its index in the record)."""
+    calls = tuple(ActionCall(i, st.action, dict(st.params), st.optional) for i, st in steps)
     return Command(record_id=record_id, kind=target.kind, target=target.name, actions=calls, issued_at=now,
                    expires_at=now + expire_after, context=context, fingerprint=fingerprint, fence=fence,
                    starts_at=starts_at)
@@ -95,6 +134,11 @@ def _ms_of(text: str, default: float) -> int:
         return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
     except ValueError:
         return int(default * 1000)
+
+
+def steps_of(h: dict[str, str]) -> list[Step]:
+    """A record's steps, from its hash."""
+    return [Step(**json.loads(h[f"a:{i}:spec"])) for i in range(int(h.get("n") or 0))]
 
 
 class Dispatcher:
@@ -111,7 +155,8 @@ class Dispatcher:
         if not decisions:
             return []
         now = time.time()
-        news = [self.new_record(d, now) for d in decisions]
+        reach = self.reach({d.target for d in decisions if d.steps and not d.resolution.reason})
+        news = [self.new_record(d, now, reach=reach.get(d.target)) for d in decisions]
         answers = run_scripts(self.r, [n.call(self.scripts) for n in news])
         outcomes = [Outcome(status=str(a[0]), record_id=str(a[1]) or None, playbook=d.playbook.name,
                             fingerprint=d.alert.fingerprint, reason=str(a[2]) or None)
@@ -119,16 +164,27 @@ class Dispatcher:
         self.index([(o, n) for o, n in zip(outcomes, news)])
         return outcomes
 
+    def reach(self, targets: Iterable[keys.Target]) -> dict[keys.Target, Reach]:
+        """Each target's heartbeat, read in one round trip."""
+        ts = [t for t in set(targets) if t.name]
+        if not ts:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for t in ts:
+            pipe.get(keys.heartbeat(t))
+        return {t: Reach.from_heartbeat(raw) for t, raw in zip(ts, pipe.execute())}
+
     def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
-                   extra: tuple[tuple[str, str], ...] = ()) -> records.NewRecord:
+                   extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None) -> records.NewRecord:
         """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder)."""
         pb, s, target = d.playbook, self.settings, d.target
         rid = new_record_id(target)
         steps = d.steps
         fence = fence_key(d)
         command = signature = ""
-        if steps and not d.resolution.reason:
-            cmd = command_for(rid, target, steps, d.resolution.context, now, pb.expire_after, d.alert.fingerprint,
+        early, send, defer = plan_send(target, steps, reach)
+        if send and not defer and not d.resolution.reason:
+            cmd = command_for(rid, target, send, d.resolution.context, now, pb.expire_after, d.alert.fingerprint,
                               fence, d.alert.starts_at)
             command = cmd.to_json()
             signature = self.signer.sign(command.encode())
@@ -142,7 +198,8 @@ class Dispatcher:
             dry_run=pb.dry_run or s.dry_run, undo=bool(pb.on_resolved), record_ttl=s.record_ttl,
             episode_ttl=s.episode_ttl, obligation_due=s.alertmanager_poll or pb.resolve_timeout,
             mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by, fence=fence,
-            follow=d.answers_for_alert or bool(pb.notify) or s.notify,
+            follow=d.answers_for_alert or bool(pb.notify) or s.notify or defer,
+            early=early, no_live=reach is not None and not reach.live, defer=defer,
             verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=parent, prev=prev,
             ends_at=d.alert.ends_at if d.mode == "resolved" else "",
             ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra)
@@ -181,7 +238,8 @@ class Dispatcher:
     def decide_one(self, d: Decision, now: float | None = None, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = ()) -> Outcome:
         """One decision on its own (manual triggers, the reconciler's on_resolved and stages)."""
-        n = self.new_record(d, time.time() if now is None else now, prev, parent, extra)
+        reach = self.reach([d.target]).get(d.target) if d.steps and not d.resolution.reason else None
+        n = self.new_record(d, time.time() if now is None else now, prev, parent, extra, reach)
         a = run_scripts(self.r, [n.call(self.scripts)])[0]
         o = Outcome(str(a[0]), str(a[1]) or None, d.playbook.name, d.alert.fingerprint, str(a[2]) or None)
         self.index([(o, n)])
@@ -195,24 +253,26 @@ class Dispatcher:
             return ["missing"]
         target = keys.target_of_record(record_id)
         alert = json.loads(h.get("alert") or "{}")
-        steps = [records.Step(**{k: v for k, v in json.loads(h[f"a:{i}:spec"]).items()})
-                 for i in range(int(h.get("n") or 0))]
+        steps = steps_of(h)
         now = time.time()
         expire_after = float(h.get("expire_after") or 3600)
-        cmd = command_for(record_id, target, steps, json.loads(h.get("context") or "{}"), now, expire_after,
-                          alert.get("fingerprint", ""), h.get("fence") or "", alert.get("starts_at", ""))
-        text = cmd.to_json()
+        early, send, defer = plan_send(target, steps, self.reach([target]).get(target))
+        text = signature = ""
+        if send and not defer:
+            text = command_for(record_id, target, send, json.loads(h.get("context") or "{}"), now, expire_after,
+                               alert.get("fingerprint", ""), h.get("fence") or "", alert.get("starts_at", "")).to_json()
+            signature = self.signer.sign(text.encode())
         answer = run_scripts(self.r, [records.approve_call(
             self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,
-            signature=self.signer.sign(text.encode()), expires_at=cmd.expires_at, playbook=h.get("playbook", ""),
+            signature=signature, expires_at=now + expire_after, playbook=h.get("playbook", ""),
             fingerprint=alert.get("fingerprint", ""), firing=h.get("mode") in ("firing", "stage"), undo=undo,
             obligation_due=obligation_due, episode_ttl=self.settings.episode_ttl,
-            maxlen=self.settings.mailbox_maxlen)])[0]
+            maxlen=self.settings.mailbox_maxlen, early=early, defer=defer)])[0]
         answer = [str(x) for x in answer]
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
         if answer[0] == "dispatched" or h.get("follow") == "1":
-            first = now if h.get("follow") == "1" else min(cmd.expires_at, now + obligation_due)
+            first = now if h.get("follow") == "1" else min(now + expire_after, now + obligation_due)
             pipe.zadd(keys.DUE, {target.label: int(first * 1000)}, lt=True)
             pipe.sadd(keys.MAILBOXES, target.label)
         pipe.execute()

@@ -23,6 +23,7 @@ from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
 from ..rules.targets import Resolution
 from .alertmanager import Alertmanager
+from .deferred import Conditions
 from .dispatch import Dispatcher
 from .notify import Notice, Notifier, ordered
 from .plan import Decision
@@ -72,8 +73,10 @@ class FollowUp:
     """Brings one followed record forward; see the module's docstring."""
 
     def __init__(self, r: Any, dispatcher: Dispatcher, playbooks: Mapping[str, Playbook],
-                 alertmanager: Alertmanager | None, notifier: Notifier, public_url: str):
+                 alertmanager: Alertmanager | None, notifier: Notifier, public_url: str,
+                 conditions: Conditions | None = None):
         self.r = r
+        self.conditions = conditions or Conditions(r, dispatcher, None)
         self.dispatcher = dispatcher
         self.playbooks = playbooks
         self.alertmanager = alertmanager
@@ -87,6 +90,8 @@ class FollowUp:
     def run(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
         """Do what is due for the record, then set when it is next due (or stop following it)."""
         h = self.r.hgetall(keys.record(rid))
+        if h.get("conds") == "1" and h.get("status") == "dispatched":
+            h = self.r.hgetall(keys.record(rid)) if self.conditions.run(target, h, now) else h
         pb = self.playbooks.get(h.get("playbook", "")) if h else None
         if not h or h.get("follow") != "1" or pb is None:
             self._stop(target, rid)

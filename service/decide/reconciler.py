@@ -24,7 +24,9 @@ from trainmedic.client.wire.protocol import rfc3339
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
 from ..rules.targets import Resolution
+from ..prometheus import Prometheus
 from .alertmanager import Alertmanager
+from .deferred import Conditions
 from .dispatch import Dispatcher
 from .followup import AlertView, FollowUp
 from .notify import Notifier
@@ -73,7 +75,7 @@ class Reconciler:
 
     def __init__(self, r: Any, dispatcher: Dispatcher, playbooks: Sequence[Playbook],
                  settings: ReconcilerSettings = ReconcilerSettings(), alertmanager: Alertmanager | None = None,
-                 on_change: Callable[[str, str], None] | None = None):
+                 on_change: Callable[[str, str], None] | None = None, prometheus: Prometheus | None = None):
         self.r = r
         self.dispatcher = dispatcher
         self.playbooks = {p.name: p for p in playbooks}
@@ -82,7 +84,7 @@ class Reconciler:
         self.on_change = on_change
         self.scripts = records.Scripts(r)
         self.followup = FollowUp(r, dispatcher, self.playbooks, alertmanager, Notifier(settings.notify_url),
-                                 settings.public_url)
+                                 settings.public_url, Conditions(r, dispatcher, prometheus))
         self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -16,6 +16,7 @@ from trainmedic.client.wire.durations import parse_duration
 from trainmedic.client.wire.keys import TARGET_KINDS
 from trainmedic.client.wire.records import Step
 
+from trainmedic.service.rules import conditions
 from trainmedic.service.rules.matchers import Matcher, MatcherError, parse_matcher
 
 # The shipped playbooks: package data of trainmedic.playbooks (the repository's playbooks/ folder).
@@ -109,6 +110,8 @@ class _Problems:
         self.file = file
         self.items: list[str] = []
         self.warnings: list[str] = []
+        # Every `when:` of the file with its node: parsed together once the file is read.
+        self.conditions: list[tuple[yaml.Node, str]] = []
         self._lines: list[int] = []
 
     def add(self, node: yaml.Node, message: str) -> None:
@@ -204,6 +207,7 @@ def _when(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> str | None:
     if not isinstance(value, str) or not value.strip():
         p.add(node, "when must be a PromQL expression (text)")
         return None
+    p.conditions.append((node, value.strip()))
     return value.strip()
 
 
@@ -413,6 +417,10 @@ def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Pla
             seen[name] = f"{file}:{node.start_mark.line + 1}"
         if pb is not None:
             out.append(pb)
+    if p.conditions:
+        checked = conditions.check([expr for _, expr in p.conditions])
+        for i, why in sorted(checked.problems.items()):
+            p.add(p.conditions[i][0], why)
     return out, p.sorted() + p.warnings
 
 

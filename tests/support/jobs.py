@@ -12,7 +12,9 @@ from trainmedic.client.wire import records
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.records import Step
 from trainmedic.service.app import create_app
+from trainmedic.client.wire.redis import run_scripts
 from trainmedic.service.decide import plan
+from trainmedic.service.decide.dispatch import Outcome
 from trainmedic.service.rules.playbooks import Playbook
 from trainmedic.service.rules.targets import Resolution
 from tests.conftest import OPERATOR, ROOT, SIGNING_KEY, TOKEN, post_json, write_playbooks
@@ -106,9 +108,13 @@ def inject(r: redis.Redis, target: keys.Target, steps: Sequence[tuple[str, dict]
     label = "job_name" if target.kind == "job" else "node"
     d = plan.manual(pb, {label: target.name}, None, "operator")
     d = plan.Decision(d.playbook, d.mode, d.alert, Resolution(target, context or {}), d.requested_by)
-    out = service(r).extensions["trainmedic"].dispatcher.decide_one(d)
-    assert out.status == "dispatched", out
-    return str(out.record_id)
+    disp = service(r).extensions["trainmedic"].dispatcher
+    # No look at the target's heartbeat: every step goes out, since the applier must answer for anything.
+    made = disp.new_record(d, time.time())
+    status, rid, _ = run_scripts(r, [made.call(disp.scripts)])[0]
+    assert status == "dispatched", status
+    disp.index([(Outcome(str(status), str(rid), pb.name, d.alert.fingerprint), made)])
+    return str(rid)
 
 
 def settled(rec: dict | None) -> bool:

@@ -3,7 +3,7 @@
 -- KEYS[5] open (the target's due items)
 -- ARGV[1] JSON {now (ms), at (RFC 3339), verb: approve | reject, by, comment, maxlen, channel, command,
 --   signature, expires_ms, undo (1: the playbook has on_resolved actions), ob_member, ob_due_ms,
---   episode_ttl_ms, rid}
+--   episode_ttl_ms, rid, early, defer (as in DECIDE)}
 -- Returns {'dispatched'}, {'rejected'}, {'missing'}, {'not_pending', status} or {'expired'}.
 local a = cjson.decode(ARGV[1])
 local rec = KEYS[1]
@@ -34,13 +34,14 @@ if a.verb == 'reject' then
   return {'rejected'}
 end
 redis.call('HSET', rec, 'status', 'dispatched', 'dispatched_ms', now, 'expires_ms', a.expires_ms,
-           'approved_by', a.by, 'approved_at', a.at, 'approval_comment', a.comment,
-           'cmd', a.command, 'sig', a.signature)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.maxlen, '*', 'c', a.command, 's', a.signature)
-redis.call('PUBLISH', a.channel, a.rid)
+           'approved_by', a.by, 'approved_at', a.at, 'approval_comment', a.comment)
+decide_early(rec, a.early, a.at)
+if tonumber(a.defer) == 1 then redis.call('HSET', rec, 'conds', '1') end
+send(rec, KEYS[2], a.channel, a.maxlen, a.rid, a.command, a.signature)
 redis.call('ZADD', KEYS[5], a.expires_ms, a.rid)
--- A followed record is looked at now (its silence is made when it dispatches).
+-- A followed record is looked at now (its silence is made, its conditions evaluated, when it dispatches).
 if redis.call('HGET', rec, 'follow') == '1' then redis.call('ZADD', KEYS[5], now, a.rid) end
+settle(rec, now, KEYS[5], a.rid)
 -- A released firing record changes things the final resolve must undo.
 if tonumber(a.undo) == 1 and KEYS[4] then
   if redis.call('EXISTS', KEYS[4]) == 0 then

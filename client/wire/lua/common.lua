@@ -39,6 +39,8 @@ local function settle(rec, now, open_z, rid)
   elseif lost > 0 then status = 'lost' end
   redis.call('HSET', rec, 'status', status, 'settled_ms', now)
   redis.call('HDEL', rec, 'cmd', 'sig')
+  -- A process did take it after all: "no live target" is no longer the record's story.
+  if applied > 0 and redis.call('HGET', rec, 'reason') == 'no_live_target' then redis.call('HSET', rec, 'reason', '') end
   if redis.call('HEXISTS', rec, 'verify_ms') == 1 then
     local o = 'unknown'
     if applied > 0 then o = 'pending' end
@@ -78,4 +80,24 @@ local function reoffer(rec, mailbox, channel, maxlen, rid)
   redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'c', cmd, 's', redis.call('HGET', rec, 'sig') or '')
   redis.call('PUBLISH', channel, rid)
   return true
+end
+
+-- Actions decided before anything is sent (the live target cannot apply them): {index: {status, reason,
+-- message}}, written with their time. The others stay `pending`.
+local function decide_early(rec, early, at)
+  for idx, e in pairs(early or {}) do
+    local p = 'a:' .. idx .. ':'
+    if redis.call('HGET', rec, p .. 'status') == 'pending' then
+      redis.call('HSET', rec, p .. 'status', e[1], p .. 'reason', e[2], p .. 'acked_at', at,
+                 p .. 'result', cjson.encode({message = e[3]}))
+    end
+  end
+end
+
+-- Put a record's signed command in the target's mailbox and wake the target (unless there is none to send).
+local function send(rec, mailbox, channel, maxlen, rid, command, signature)
+  if command == '' then return end
+  redis.call('HSET', rec, 'cmd', command, 'sig', signature)
+  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'c', command, 's', signature)
+  redis.call('PUBLISH', channel, rid)
 end

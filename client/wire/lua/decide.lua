@@ -5,6 +5,8 @@
 -- ARGV[1] JSON {
 --   now (ms), mode: firing | resolved | timeout | manual | stage, start (episode start, second precision), rid,
 --   ends_ms, ends_at (a resolve's endsAt), follow (0/1: the reconciler follows the record),
+--   early ({index: [status, reason, message]}: actions the live target cannot apply), no_live (1: no live
+--   target heartbeats), defer (1: `when:` conditions first; the reconciler sends the command),
 --   forced_reason ('' or why it is skipped), cooldown_ms, budget_count, budget_window_ms, approval (0/1),
 --   dry (0/1), undo (1: the playbook has on_resolved actions), record_ttl_ms, episode_ttl_ms, maxlen,
 --   channel, command, signature, expires_ms, approve_by_ms, ob_member, ob_due_ms, n, fields {name: value}}
@@ -156,9 +158,15 @@ local astatus = 'skipped'
 if status == 'dispatched' or status == 'pending_approval' then astatus = 'pending' end
 for i = 0, n - 1 do redis.call('HSET', rec, 'a:' .. i .. ':status', astatus) end
 if status == 'dispatched' then
-  redis.call('HSET', rec, 'dispatched_ms', now, 'expires_ms', a.expires_ms, 'cmd', a.command, 'sig', a.signature)
-  redis.call('XADD', mailbox, 'MAXLEN', '~', a.maxlen, '*', 'c', a.command, 's', a.signature)
-  redis.call('PUBLISH', a.channel, rid)
+  decide_early(rec, a.early, a.at)
+  redis.call('HSET', rec, 'dispatched_ms', now, 'expires_ms', a.expires_ms)
+  if tonumber(a.defer) == 1 then redis.call('HSET', rec, 'conds', '1') end
+  send(rec, mailbox, a.channel, a.maxlen, rid, a.command, a.signature)
+  -- Said on the record while nothing heartbeats for the target; the command still waits until it expires.
+  if tonumber(a.no_live) == 1 and reason == '' then
+    reason = 'no_live_target'
+    redis.call('HSET', rec, 'reason', reason)
+  end
   redis.call('ZADD', open_z, a.expires_ms, rid)
 elseif status == 'pending_approval' then
   redis.call('HSET', rec, 'approve_by', a.approve_by_ms)
@@ -169,6 +177,8 @@ if tonumber(a.follow) == 1 and (status ~= 'skipped' or mode == 'stage') then
   redis.call('HSET', rec, 'follow', '1')
   redis.call('ZADD', open_z, now, rid)
 end
+-- Every action decided already (the target can apply none of them): the record settles now.
+if status == 'dispatched' then status = settle(rec, now, open_z, rid) end
 redis.call('PEXPIRE', rec, a.record_ttl_ms)
 redis.call('PEXPIRE', mailbox, a.record_ttl_ms)
 redis.call('PEXPIRE', open_z, a.record_ttl_ms)

@@ -1,0 +1,15 @@
+-- DEFERRED: a record whose `when:` conditions the reconciler has evaluated: the steps whose condition was
+-- false or unknown are skipped, the others go out as one signed command, once.
+-- KEYS[1] record   KEYS[2] mailbox   KEYS[3] open (the target's due items)
+-- ARGV[1] JSON {now (ms), at, rid, command ('' when no step runs), signature, channel, maxlen,
+--   early ({index: [status, reason, message]}: the skipped steps)}
+-- Returns the record's status, or false when it was not waiting for its conditions (done by another).
+local a = cjson.decode(ARGV[1])
+local rec = KEYS[1]
+if redis.call('HGET', rec, 'conds') ~= '1' or redis.call('HGET', rec, 'status') ~= 'dispatched' then
+  return false
+end
+redis.call('HDEL', rec, 'conds')
+decide_early(rec, a.early, a.at)
+send(rec, KEYS[2], a.channel, a.maxlen, a.rid, a.command, a.signature)
+return settle(rec, tonumber(a.now), KEYS[3], a.rid)

@@ -1,0 +1,83 @@
+"""Records whose steps carry `when:` conditions (CONTRACT "Conditions"): the reconciler evaluates each one
+against Prometheus (never the webhook), then sends the steps that may run as one signed command. A false
+condition skips its step (`condition_false`); no Prometheus, a timeout, an error or a variable without a
+value skip it too (`condition_unknown`)."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from trainmedic.client.wire import keys, records
+
+from ..prometheus import Prometheus, PrometheusError
+from ..rules import conditions
+from .dispatch import Dispatcher, command_for, steps_of
+
+log = logging.getLogger("trainmedic.conditions")
+
+
+class Conditions:
+    """Evaluates a deferred record's conditions and sends what may run."""
+
+    def __init__(self, r: Any, dispatcher: Dispatcher, prometheus: Prometheus | None):
+        self.r = r
+        self.dispatcher = dispatcher
+        self.prometheus = prometheus
+
+    def values(self, target: keys.Target, context: dict[str, Any]) -> dict[str, str | None]:
+        """$job, $node and $gpu for a target: a job's node is the host its live heartbeat names."""
+        node = target.name if target.kind == "node" else None
+        if target.kind == "job":
+            raw = self.r.get(keys.heartbeat(target))
+            host = json.loads(raw).get("host") if raw else None
+            node = host if isinstance(host, str) and keys.TARGET_NAME_RE.match(host) else None
+        gpu = context.get("gpu_id") or context.get("gpu_uuid")
+        return {"job": target.name if target.kind == "job" else None, "node": node,
+                "gpu": str(gpu) if gpu is not None else None}
+
+    def evaluate(self, expr: str, values: dict[str, str | None]) -> tuple[str | None, str]:
+        """(None when the step runs, else its skip reason) and a sentence for the record."""
+        if self.prometheus is None:
+            return "condition_unknown", "The condition was not evaluated: TRAINMEDIC_PROMETHEUS_URL is not set."
+        try:
+            query = conditions.fill(expr, values)
+        except conditions.MissingVariable as exc:
+            return "condition_unknown", f"The condition was not evaluated: ${exc} has no value for this target."
+        try:
+            result = self.prometheus.query(query)
+        except PrometheusError as exc:
+            return "condition_unknown", f"The condition was not evaluated: {exc}."
+        if not result:
+            return "condition_false", f"The condition returned nothing, so the step did not run: {query}"
+        return None, f"The condition held: {query}"
+
+    def run(self, target: keys.Target, h: dict[str, str], now: float) -> str | None:
+        """Evaluate the pending steps' conditions and send the rest; the record's status after."""
+        steps = steps_of(h)
+        context = records.loads_or(h.get("context"), {})
+        values = self.values(target, context)
+        early: list[tuple[int, str, str, str]] = []
+        send = []
+        for i, st in enumerate(steps):
+            if h.get(f"a:{i}:status") != "pending":
+                continue
+            if st.when:
+                reason, why = self.evaluate(st.when, values)
+                if reason is not None:
+                    early.append((i, "skipped", reason, why))
+                    continue
+            send.append((i, st))
+        text = signature = ""
+        if send:
+            alert = records.loads_or(h.get("alert"), {})
+            expires = int(h.get("expires_ms") or 0) / 1000
+            cmd = command_for(h["id"], target, send, context, now, max(1.0, expires - now),
+                              alert.get("fingerprint", ""), h.get("fence") or "", alert.get("starts_at", ""))
+            text = cmd.to_json()
+            signature = self.dispatcher.signer.sign(text.encode())
+        status = records.deferred(self.dispatcher.scripts, h["id"], now, text, signature, tuple(early),
+                                  self.dispatcher.settings.mailbox_maxlen)
+        log.info("conditions of %s evaluated: %d step(s) sent, %d skipped", h["id"], len(send), len(early),
+                 extra={"remediation_id": h["id"], "target": target.label})
+        return status

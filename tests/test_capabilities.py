@@ -1,0 +1,147 @@
+"""Out of the box and at decision time: the shipped playbooks never end red with a plain client and a plain
+agent; a live target that cannot do a step gets it `unsupported` / `target_cannot` at once; a target nobody
+runs is `no_live_target` on the record and the page (CONTRACT "Shipped playbooks", issue 12)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from trainmedic.client.wire import keys, records
+
+from tests.conftest import load_fixture, post_json, write_playbooks
+from tests.support.jobs import wait_record
+from tests.support.loop import Loop
+from tests.support.nvml import NvmlState
+
+JOB = "llama-ft-01"
+NODE = "gpu-node-01"
+
+
+def fire(http: Any, alertname: str, fingerprint: str, status: str = "firing", **labels: str) -> list[dict]:
+    body = load_fixture("firing_single.json")
+    a = body["alerts"][0]
+    a.update(status=status, fingerprint=fingerprint)
+    a["labels"] = {"alertname": alertname, "severity": "critical", **labels}
+    if status == "resolved":
+        a["endsAt"] = "2026-11-22T09:00:00Z"
+    body["status"] = status
+    resp = post_json(http, "/webhook", body)
+    assert resp.status_code == 200, resp.get_json()
+    return resp.get_json()["remediations"]
+
+
+def live(loop: Loop, r: redis.Redis, job: str = JOB) -> None:
+    """Train until the job's first heartbeat is in Redis."""
+    deadline = time.monotonic() + 10
+    while not r.get(keys.heartbeat(keys.Target("job", job))):
+        assert time.monotonic() < deadline, "no heartbeat"
+        loop.tick()
+
+
+def done(rec: dict | None) -> bool:
+    return rec is not None and rec["status"] not in ("dispatched", "pending_approval")
+
+
+def test_the_shipped_playbooks_out_of_the_box_end_applied_or_skipped_never_red(
+        app: Any, r: redis.Redis, redis_url: str, agents: Any, nvml_lib: Path, nvml_state: NvmlState,
+        tmp_path: Path) -> None:
+    http = app.test_client()
+    loop = Loop(redis_url, JOB)  # a plain client: an optimizer, no handlers, no CUDA
+    (tmp_path / "ckpts").mkdir()
+    agent = agents(NODE, lib_dir=nvml_lib, state=nvml_state, allow_roots=[tmp_path / "ckpts"],
+                   args=["--scheduler", "none"])
+    agent.wait_ready(r)
+    live(loop, r)
+    made = []
+    made += fire(http, "GPUTemperatureHigh", "a1", node=NODE, gpu_id="0")
+    made += fire(http, "GPUMemoryUsageHigh", "a2", job_name=JOB)
+    made += fire(http, "TrainingLossSpike", "a3", job_name=JOB)
+    made += fire(http, "DiskSpaceLow", "a4", node=NODE, mountpoint="/")
+    made += fire(http, "TrainingThroughputDrop", "a5", job_name=JOB)
+    [held] = fire(http, "GPUXidError", "a6", node=NODE)
+    assert held["status"] == "pending_approval"
+    assert post_json(http, f"/remediations/{held['id']}/approve", {}).status_code == 200
+    made.append(held)
+    assert len(made) == 6
+    got = {}
+    for m in made:
+        rec = wait_record(r, m["id"], done, tick=loop.tick)
+        got[rec["playbook"]] = rec
+    statuses = {name: rec["status"] for name, rec in got.items()}
+    assert statuses == {"gpu-temperature-high": "applied", "gpu-memory-high": "skipped", "loss-spike": "applied",
+                        "disk-space-low": "applied", "throughput-drop": "skipped", "gpu-xid-error": "skipped"}, statuses
+    steps = {name: [(a["action"], a["status"], a["reason"]) for a in rec["actions"]] for name, rec in got.items()}
+    assert steps["loss-spike"] == [("rollback_checkpoint", "skipped", "unsupported"), ("scale_lr", "applied", None)]
+    assert steps["gpu-memory-high"] == [("empty_cache", "skipped", "no_cuda"),
+                                        ("reduce_batch_size", "skipped", "unsupported")]
+    assert steps["gpu-xid-error"] == [("drain_node", "skipped", "unsupported")]
+    assert [s for _, s, _ in steps["throughput-drop"]] == ["skipped", "skipped"]
+    [restore] = fire(http, "GPUTemperatureHigh", "a1", status="resolved", node=NODE, gpu_id="0")
+    assert wait_record(r, restore["id"], done)["status"] == "applied"
+    # The page says so too: no red badge anywhere.
+    page = http.get("/").get_data(as_text=True)
+    assert "st-failed" not in page and "st-partially_applied" not in page
+    loop.rc.close()
+
+
+PLAYBOOKS = """\
+playbooks:
+  - name: halve-and-save
+    matchers: ['alertname="SaveMe"']
+    target: job
+    actions:
+      - scale_lr: {factor: 0.5}
+      - save_checkpoint: {}
+  - name: save-only
+    matchers: ['alertname="SaveOnly"']
+    target: job
+    actions: [{save_checkpoint: {}}]
+"""
+
+
+def test_a_live_target_that_cannot_do_a_step_has_it_unsupported_at_once_and_the_rest_still_goes(
+        make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    http = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS))).test_client()
+    loop = Loop(redis_url, JOB)
+    live(loop, r)
+    heartbeat = [t for t in http.get("/targets").get_json()["targets"] if t["name"] == JOB][0]
+    assert heartbeat["actions"] == ["empty_cache", "scale_lr", "set_lr"]
+    [made] = fire(http, "SaveMe", "b1", job_name=JOB)
+    rec = records.get(r, made["id"])
+    assert rec is not None and rec["status"] == "dispatched"
+    save = rec["actions"][1]
+    assert (save["status"], save["reason"]) == ("unsupported", "target_cannot") and save["acked_at"]
+    assert "cannot apply save_checkpoint" in save["result"]["message"]
+    [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", JOB)))  # the client may have read it already
+    assert [a["action"] for a in json.loads(fields["c"])["actions"]] == ["scale_lr"]
+    rec = wait_record(r, made["id"], done, tick=loop.tick)
+    assert rec["status"] == "partially_applied" and rec["actions"][0]["status"] == "applied"
+    # Nothing it can do: the record settles at once, nothing is sent.
+    [only] = fire(http, "SaveOnly", "b2", job_name=JOB)
+    assert only["status"] == "failed"
+    assert records.get(r, only["id"])["outcome"] == {"status": "unknown", "resolved_at": None,  # type: ignore[index]
+                                                     "time_to_resolve_s": None}
+    assert r.xlen(keys.mailbox(keys.Target("job", JOB))) == 1
+    loop.rc.close()
+
+
+def test_a_target_nobody_runs_is_no_live_target_until_a_process_takes_the_command(
+        make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    http = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS))).test_client()
+    [made] = fire(http, "SaveMe", "c1", job_name="nobody-runs-me")
+    assert (made["status"], made["reason"]) == ("dispatched", "no_live_target")
+    rec = records.get(r, made["id"])
+    assert rec is not None and [a["status"] for a in rec["actions"]] == ["pending", "pending"]
+    page = http.get("/targets/job/nobody-runs-me").get_data(as_text=True)
+    assert "no live target" in page
+    assert json.loads(r.hget(keys.record(made["id"]), "a:0:spec") or "{}")["action"] == "scale_lr"
+    # A process of the job starts later: it takes the command; the record no longer says nobody is there.
+    loop = Loop(redis_url, "nobody-runs-me")
+    loop.rc.register("save_checkpoint", lambda params: {"path": "/tmp/x.pt"})
+    rec = wait_record(r, made["id"], done, tick=loop.tick)
+    assert rec["status"] == "applied" and rec["reason"] is None
+    loop.rc.close()
