@@ -69,7 +69,8 @@ def init_app(app: Flask, settings: Settings) -> None:
                          "makes one in its data dir)")
     playbooks = load([settings.playbooks or str(SHIPPED)])
     r = connect(settings.redis_url, timeout=float(app.config.get("REDIS_TIMEOUT", 2.0)))
-    am = Alertmanager(settings.alertmanager_urls) if settings.alertmanager_urls else None
+    am = (Alertmanager(settings.alertmanager_urls, trust_after=settings.alertmanager_trust_after)
+          if settings.alertmanager_urls else None)
     dispatcher = Dispatcher(r, Signer.from_secret(settings.signing_key), DispatchSettings(
         dry_run=settings.dry_run, alertmanager_poll=30.0 if am else None))
     reconciler = Reconciler(r, dispatcher, playbooks, ReconcilerSettings(history_max=settings.history_max),
