@@ -155,6 +155,10 @@ class Reconciler:
         else:
             over = now >= seen + pb.resolve_timeout
             later = seen + pb.resolve_timeout
+            if self.alertmanager is not None:
+                # Alertmanager could not say now (unreachable, or up too briefly to trust): ask it again
+                # soon, not only when resolve_timeout has passed.
+                later = min(later, now + self.settings.alertmanager_poll)
         if not over:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
