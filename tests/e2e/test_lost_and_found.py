@@ -14,8 +14,10 @@ import requests
 
 from trainmedic.client.receiver.mailbox import Mailbox
 from trainmedic.client.wire import keys
+from trainmedic.client.wire.records import get as record_here
 
 from tests.conftest import write_playbooks
+from tests.support.jobs import send as send_here, service
 from tests.support.faults import (TERMINAL, CrashTrainer, history, metric, post, record,
                                   rfc3339_seconds, send, wait_for)
 
@@ -270,3 +272,17 @@ def test_two_replicas_racing_reconcilers_end_each_of_300_expiring_records_exactl
     assert all(final[rid]["actions"][0]["status"] == final[rid]["status"] for rid in ids)
     assert r.zcard(keys.DUE) == 0
     assert requests.get(replicas[0].url + "/healthz", timeout=5).ok  # the killed worker was replaced
+
+
+def test_a_claim_is_offered_to_a_restarted_process_once_it_is_10_s_old_not_10_s_after_the_restart(r: Any) -> None:
+    rid = send_here(r, JOB, "scale_lr", {"factor": 0.5})
+    target = keys.Target("job", JOB)
+    box = Mailbox(r, target)
+    claimed = time.time()
+    assert box.claim(box.fetch()[0], "gpu-1:100") == "ok"  # then the process died
+    box.heartbeat({"kind": "job", "name": JOB, "host": "gpu-1", "pid": 200}, first=True)  # its replacement
+    rc = service(r).extensions["trainmedic"].reconciler
+    rc.tick(claimed + 4)  # the replacement's first heartbeat: the claim is too young to be taken from its owner
+    assert record_here(r, rid)["actions"][0]["status"] == "delivered"
+    rc.tick(claimed + 10.5)  # the claim is 10 s old: offered to the live process
+    assert record_here(r, rid)["actions"][0]["status"] == "pending" and len(box.fetch()) == 1
