@@ -13,6 +13,8 @@ _FALSE = ("", "0", "false", "no", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_URL = "http://127.0.0.1:9095"
 DEFAULT_HISTORY_MAX = 1_000_000
+# A just-started Alertmanager knows no alerts until Prometheus sends them again (about a minute).
+DEFAULT_ALERTMANAGER_TRUST_AFTER = 120.0
 
 
 class SettingsError(ValueError):
@@ -67,6 +69,19 @@ def _url(env: Mapping[str, str], name: str) -> str | None:
     return urls[0] if urls else None
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise SettingsError(f"{name} must be a number of seconds of at least 0, not {raw!r}")
+    return value
+
+
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -89,6 +104,8 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()
     public_url: str | None = None
     alertmanager_urls: tuple[str, ...] = ()
+    # How long an Alertmanager must have been up before an alert it does not list counts as resolved.
+    alertmanager_trust_after: float = DEFAULT_ALERTMANAGER_TRUST_AFTER
     prometheus_url: str | None = None
     notify_url: str | None = None
     history_max: int = DEFAULT_HISTORY_MAX
@@ -119,6 +136,8 @@ class Settings:
             allowed_hosts=tuple(h.lower() for h in _csv(env.get("TRAINMEDIC_ALLOWED_HOSTS"))),
             public_url=_url(env, "TRAINMEDIC_PUBLIC_URL"),
             alertmanager_urls=_urls(env, "TRAINMEDIC_ALERTMANAGER_URL"),
+            alertmanager_trust_after=_seconds(env, "TRAINMEDIC_ALERTMANAGER_TRUST_AFTER",
+                                              DEFAULT_ALERTMANAGER_TRUST_AFTER),
             prometheus_url=_url(env, "TRAINMEDIC_PROMETHEUS_URL"),
             notify_url=_url(env, "TRAINMEDIC_NOTIFY_URL"),
             history_max=_positive_int(env, "TRAINMEDIC_HISTORY_MAX", DEFAULT_HISTORY_MAX),

@@ -76,7 +76,8 @@ def init_app(app: Flask, settings: Settings) -> None:
                          "makes one in its data dir)")
     playbooks = load([settings.playbooks or str(SHIPPED)])
     r = connect(settings.redis_url, timeout=float(app.config.get("REDIS_TIMEOUT", 2.0)))
-    am = Alertmanager(settings.alertmanager_urls) if settings.alertmanager_urls else None
+    am = (Alertmanager(settings.alertmanager_urls, trust_after=settings.alertmanager_trust_after)
+          if settings.alertmanager_urls else None)
     problem = missing_alertmanager(playbooks, settings.alertmanager_urls)
     if problem:
         raise ValueError(problem)

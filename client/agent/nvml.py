@@ -15,6 +15,8 @@ from .state import NodeState
 
 log = logging.getLogger("trainmedic.agent")
 
+POWER_COPY_TTL_MS = 30 * 86400 * 1000
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -161,8 +163,13 @@ class PowerLimiter:
         self.state = state
 
     def _mirror(self, op: str, *args: Any) -> None:
+        key = keys.power_memory(self.node)
         try:
-            getattr(self.redis(), op)(keys.power_memory(self.node), *args)
+            r = self.redis()
+            getattr(r, op)(key, *args)
+            # A copy for people to see, bounded in age like every key trainmedic writes (a node that is gone
+            # leaves nothing behind for ever); each change refreshes it.
+            r.pexpire(key, POWER_COPY_TTL_MS)
         except redis.RedisError:
             log.warning("could not update the copy of the remembered power limits in Redis (%s)", op)
 

@@ -8,13 +8,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
 from collections.abc import Mapping, Sequence
 
+from trainmedic.client.settings import DEFAULT_ALERTMANAGER_TRUST_AFTER
+
 from ..http import Http, HttpError
 
 log = logging.getLogger("trainmedic.alertmanager")
 
 # A just-started Alertmanager knows no alerts until Prometheus sends them again (about a minute):
-# until it has been up this long, an alert it does not list is not taken as resolved.
-TRUST_AFTER_SECONDS = 120.0
+# until it has been up this long, an alert it does not list is not taken as resolved
+# (TRAINMEDIC_ALERTMANAGER_TRUST_AFTER sets it per service).
+TRUST_AFTER_SECONDS = DEFAULT_ALERTMANAGER_TRUST_AFTER
 _SILENCE_ID = re.compile(r"^[A-Za-z0-9-]{1,64}\Z")
 
 
@@ -24,6 +27,7 @@ class Alertmanager:
 
     urls: Sequence[str]
     timeout: float = 3.0
+    trust_after: float = TRUST_AFTER_SECONDS
     _clients: list[Http] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -79,7 +83,7 @@ class Alertmanager:
         try:
             status = self._get("/api/v2/status")
             started = _uptime_start(status)
-            if started is not None and time.time() - started < TRUST_AFTER_SECONDS:
+            if started is not None and time.time() - started < self.trust_after:
                 return None
             alerts = self._get("/api/v2/alerts")
         except HttpError as exc:

@@ -35,6 +35,7 @@ from .plan import Decision
 log = logging.getLogger("trainmedic.reconciler")
 
 RESET_BANNER_SECONDS = 86400.0
+TARGETS_MAX_AGE = 86400.0
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,10 @@ class Reconciler:
                 self._follow(target, rid, now, view)
             report.followed += len(done.follow)
             self._reschedule(target, label)
-        report.trimmed = self._retention()
+        if report.changed:
+            # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
+            self.r.zrem(keys.APPROVALS, *(rid for rid, _ in report.changed))
+        report.trimmed = self._retention(now)
         for rid, status in report.changed:
             if self.on_change is not None:
                 self.on_change(rid, status)
@@ -179,6 +183,10 @@ class Reconciler:
         else:
             over = now >= seen + pb.resolve_timeout
             later = seen + pb.resolve_timeout
+            if self.alertmanager is not None:
+                # Alertmanager could not say now (unreachable, or up too briefly to trust): ask it again
+                # soon, not only when resolve_timeout has passed.
+                later = min(later, now + self.settings.alertmanager_poll)
         if not over:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
@@ -193,8 +201,15 @@ class Reconciler:
                                         "target": target.label})
         return outcome.record_id if outcome.new else None
 
-    def _retention(self) -> int:
-        """Delete the oldest records beyond TRAINMEDIC_HISTORY_MAX (age is each record's own TTL)."""
+    def _retention(self, now: float) -> int:
+        """Delete the oldest records beyond TRAINMEDIC_HISTORY_MAX (age is each record's own TTL), and trim the
+        global indexes that have no TTL of their own by age."""
+        pipe = self.r.pipeline(transaction=False)
+        # Holds past their approval time (also those a resolve ended) are no longer pending approval.
+        pipe.zremrangebyscore(keys.APPROVALS, "-inf", now)
+        # Targets that sent no heartbeat for a day (GET /targets trims them too, when someone asks).
+        pipe.zremrangebyscore(keys.TARGETS, "-inf", now - TARGETS_MAX_AGE)
+        pipe.execute()
         excess = int(self.r.zcard(keys.HISTORY)) - self.settings.history_max
         if excess <= 0:
             return 0

@@ -65,7 +65,11 @@ for _, member in ipairs(due) do
                and now - since >= recheck then
               orphaned = true
             end
-            local t = math.min(now + recheck, expires + grace)
+            -- Look again when the claim is `recheck` old (a process that started meanwhile gets it then),
+            -- or `recheck` from now for a claim that old whose claimant still heartbeats.
+            local t = since + recheck
+            if t <= now or orphaned then t = now + recheck end
+            t = math.min(t, expires + grace)
             if not nxt or t < nxt then nxt = t end
           end
         end

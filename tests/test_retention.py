@@ -1,0 +1,227 @@
+"""Retention (CONTRACT "Remediation record"): every key trainmedic writes is bounded by count and by age.
+
+A burst of webhooks, commands, acks (a real node agent and a real trainer process), approvals, rejections,
+expiries and resolves leaves only keys with a TTL, except the few global indexes the design keeps without
+one; each of those is bounded by count or trimmed, as the comments on GLOBALS say.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainmedic.client.receiver.mailbox import MAILBOX_MAXLEN
+from trainmedic.client.wire import keys, records
+
+from tests.conftest import post_json, write_playbooks
+from tests.support.faults import CrashTrainer, wait_for
+
+# The global keys kept without a TTL, and what bounds each one.
+GLOBALS = {
+    # Record ids, trimmed to TRAINMEDIC_HISTORY_MAX by the reconciler (oldest first, record hashes deleted);
+    # ids of records that expired by age are dropped by the history reader when it meets them.
+    keys.HISTORY: "count",
+    # Target label -> last heartbeat: the reconciler (and GET /targets) drop targets silent for a day.
+    keys.TARGETS: "age",
+    # Labels of targets sent a command: /metrics drops those whose stats expired and that have nothing open.
+    keys.MAILBOXES: "age",
+    # Target label -> earliest due item: the reconciler drops a target when its due items are gone.
+    keys.DUE: "count",
+    # Held record -> approval deadline: approve/reject remove it, the reconciler drops those past the deadline.
+    keys.APPROVALS: "age",
+    # One timestamp string, and one counter: constant size.
+    keys.EPOCH: "constant",
+    keys.RESETS: "constant",
+    # A hash of counts by refusal reason (bad_signature, unsigned, replayed): a few fields at most.
+    keys.REJECTED: "constant",
+}
+NODES = [f"gpu-node-{i}" for i in range(4)]
+JOBS = [f"job-{i}" for i in range(5)]
+PLAYBOOKS = """\
+playbooks:
+  - name: gpu-hot
+    matchers: ['alertname="GPUTemperatureHigh"']
+    target: node
+    actions: [{power_limit: {fraction: 0.8}}]
+    on_resolved: [{restore_power_limit: {}}]
+    cooldown: 10m
+    max_runs: {count: 5, per: 1h}
+  - name: loss-spike
+    matchers: ['alertname="TrainingLossSpike"']
+    target: job
+    actions: [{scale_lr: {factor: 0.5, min_lr: 1.0e-7}}]
+    cooldown: 1m
+    max_runs: {count: 3, per: 24h}
+  - name: held
+    matchers: ['alertname="GPUHotHeld"']
+    target: node
+    approval: true
+    actions: [{power_limit: {fraction: 0.9}}]
+    on_resolved: [{restore_power_limit: {}}]
+  - name: held-briefly
+    matchers: ['alertname="LossHeld"']
+    target: job
+    approval: true
+    approval_timeout: 1s
+    actions: [{scale_lr: {factor: 0.5}}]
+  - name: rehearsal
+    matchers: ['alertname="Rehearsal"']
+    target: job
+    dry_run: true
+    actions: [{scale_lr: {factor: 0.5}}]
+    on_resolved: [{set_lr: {lr: 0.1}}]
+"""
+
+
+@pytest.fixture
+def app(make_app: Any, tmp_path: Path) -> Any:
+    return make_app(playbooks=str(write_playbooks(tmp_path / "pb.yaml", PLAYBOOKS)))
+
+
+def alert(status: str, alertname: str, fingerprint: str, annotations: dict | None = None, **labels: str) -> dict:
+    return {"status": status, "labels": {"alertname": alertname, **labels}, "annotations": annotations or {},
+            "startsAt": "2026-11-22T01:00:00.5Z", "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else
+            "2026-11-22T01:30:00Z", "fingerprint": fingerprint, "generatorURL": "http://prometheus:9090/graph"}
+
+
+def webhook(http: Any, *alerts: dict) -> list[dict]:
+    status = "resolved" if all(a["status"] == "resolved" for a in alerts) else "firing"
+    resp = post_json(http, "/webhook", {"version": "4", "status": status, "receiver": "trainmedic",
+                                        "groupLabels": {}, "commonLabels": {}, "alerts": list(alerts)})
+    assert resp.status_code == 200, resp.get_json()
+    return list(resp.get_json()["remediations"])
+
+
+def every_key(r: Any) -> dict[str, int]:
+    """Every key in Redis and its PTTL (-1: none)."""
+    names = list(r.scan_iter(count=1000))
+    pipe = r.pipeline(transaction=False)
+    for k in names:
+        pipe.pttl(k)
+    return dict(zip(names, pipe.execute()))
+
+
+def status(r: Any, rid: str) -> str | None:
+    rec = records.get(r, rid)
+    return None if rec is None else str(rec["status"])
+
+
+def test_after_a_burst_every_key_has_a_ttl_except_the_global_indexes_which_are_bounded(
+        app: Any, r: Any, redis_url: str, agents: Any, nvml_lib: Path, nvml_state: Any, tmp_path: Path) -> None:
+    http = app.test_client()
+    agent = agents(NODES[0], lib_dir=nvml_lib, state=nvml_state)
+    trainer = CrashTrainer(tmp_path, JOBS[0], redis_url, "apply")
+    try:
+        agent.wait_ready(r)
+        trainer.wait_beating(r)
+        # Firings for every node and job (throttles, LR halvings), then resends (duplicates).
+        made = webhook(http, *[alert("firing", "GPUTemperatureHigh", f"n{i}", node=n, gpu_id="0")
+                               for i, n in enumerate(NODES)],
+                       *[alert("firing", "TrainingLossSpike", f"j{i}", job_name=j) for i, j in enumerate(JOBS)])
+        assert len(made) == len(NODES) + len(JOBS)
+        webhook(http, alert("firing", "TrainingLossSpike", "j0", job_name=JOBS[0]))
+        # Holds: one approved, one rejected, one left to expire; a dry run with an undo obligation.
+        approve, reject = (webhook(http, alert("firing", "GPUHotHeld", f"h{i}", node=NODES[i], gpu_id="1"))[0]["id"]
+                           for i in (0, 1))
+        webhook(http, alert("firing", "LossHeld", "lh", job_name=JOBS[1]))
+        webhook(http, alert("firing", "Rehearsal", "rh", job_name=JOBS[2]))
+        assert post_json(http, f"/remediations/{approve}/approve", {}).status_code == 200
+        assert post_json(http, f"/remediations/{reject}/reject", {"comment": "no"}).status_code == 200
+        # Ad-hoc commands: more than a mailbox keeps.
+        for _ in range(3 * MAILBOX_MAXLEN):
+            assert post_json(http, "/commands", {"target": f"job:{JOBS[3]}", "action": "set_lr",
+                                                 "params": {"lr": 0.01}}).status_code == 201
+        # The real agent and trainer apply theirs and ack.
+        node0 = next(m["id"] for m in made if m["id"].endswith(f"~node~{NODES[0]}"))
+        job0 = next(m["id"] for m in made if m["id"].endswith(f"~job~{JOBS[0]}"))
+        for rid in (node0, job0, approve):
+            wait_for(lambda rid=rid: status(r, rid) == "applied", 20, f"{rid} to be applied")
+        # Resolves: on_resolved for the throttled nodes and the rehearsal, nothing for the jobs.
+        undo = webhook(http, *[alert("resolved", "GPUTemperatureHigh", f"n{i}", node=n, gpu_id="0")
+                               for i, n in enumerate(NODES[:2])],
+                       alert("resolved", "TrainingLossSpike", "j0", job_name=JOBS[0]),
+                       alert("resolved", "Rehearsal", "rh", job_name=JOBS[2]))
+        assert len(undo) == 3  # GPU 1 of the first node stays throttled (its alert still fires)
+        wait_for(lambda: status(r, undo[0]["id"]) == "applied", 20, "the restore to be applied")
+        # The reconciler passes over it all, past the short approval timeout.
+        app.extensions["trainmedic"].reconciler.tick(time.time() + 2)
+    finally:
+        trainer.stop()
+        agent.stop()
+
+    ttl = every_key(r)
+    kinds = {k.split("}:", 1)[1].split(":")[0] if "}:" in k else k for k in ttl}
+    assert {"rec", "mailbox", "episode", "undo", "cooldown", "budget", "due", "cursor", "ackstats", "ledger",
+            "power", "heartbeat"} <= kinds  # the burst wrote every kind of per-target key
+    unbounded = sorted(k for k, t in ttl.items() if t < 0 and k not in GLOBALS)
+    assert unbounded == [], f"keys without a TTL: {unbounded}"
+    assert set(GLOBALS) >= {k for k, t in ttl.items() if t < 0}
+    # The globals are bounded: pending approvals only, due targets only, a few refusal reasons.
+    assert r.zcard(keys.APPROVALS) == 0  # one approved, one rejected, one expired
+    for label in r.zrange(keys.DUE, 0, -1):
+        target = keys.parse_label(label)
+        assert target is not None and r.zcard(keys.due_items(target)) > 0
+    assert set(r.hkeys(keys.REJECTED)) <= {"bad_signature", "unsigned", "replayed"}
+    assert r.zcard(keys.TARGETS) == 2 and r.scard(keys.MAILBOXES) <= len(NODES) + len(JOBS)
+    # Mailbox streams are capped (MAXLEN ~ trims whole stream nodes: at most one node over the cap).
+    assert 0 < r.xlen(keys.mailbox(keys.Target("job", JOBS[3]))) <= 2 * MAILBOX_MAXLEN
+
+
+def test_history_is_trimmed_to_history_max_and_the_records_past_it_are_deleted(make_app: Any, r: Any,
+                                                                               tmp_path: Path) -> None:
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "pb.yaml", PLAYBOOKS)), history_max=50)
+    http = app.test_client()
+    ids = []
+    for batch in range(6):
+        ids += [m["id"] for m in webhook(http, *[alert("firing", "TrainingLossSpike", f"f{batch}x{i}",
+                                                       job_name=f"job-{batch}-{i}") for i in range(20)])]
+    assert len(ids) == 120 and r.zcard(keys.HISTORY) == 120
+    assert app.extensions["trainmedic"].reconciler.tick().trimmed == 70
+    assert r.zcard(keys.HISTORY) == 50
+    ordered = sorted(ids)  # ids sort by time
+    assert not any(r.exists(keys.record(rid)) for rid in ordered[:70])  # deleted, not only unlisted
+    assert all(r.exists(keys.record(rid)) for rid in ordered[70:])
+    page = http.get("/history?limit=500").get_json()
+    assert sorted(i["id"] for i in page["items"]) == ordered[70:]
+
+
+def test_a_949_kb_alert_is_stored_as_a_record_of_a_few_kb_with_its_labels_whole(app: Any, r: Any) -> None:
+    labels = {f"label_{i:02d}": f"value-{i}-" + "x" * 40 for i in range(40)}
+    notes = {f"note_{i}": "y" * 94_900 for i in range(10)}  # 949 KB of annotations, under the 1 MiB body cap
+    body = alert("firing", "TrainingLossSpike", "big", notes, job_name="big-job", **labels)
+    assert 940_000 < len(json.dumps(body)) < 1024 * 1024
+    [made] = webhook(http := app.test_client(), body)
+    rec = http.get(f"/remediations/{made['id']}").get_json()
+    assert rec["alert"]["truncated"] is True
+    assert rec["alert"]["labels"] == {"alertname": "TrainingLossSpike", "job_name": "big-job", **labels}
+    assert 0 < sum(len(v) for v in rec["alert"]["annotations"].values()) <= records.ANNOTATIONS_MAX
+    size = r.memory_usage(keys.record(made["id"]), samples=0)  # every field, not an estimate
+    assert size < 16 * 1024, f"the record takes {size} bytes in Redis"
+    assert len(r.hget(keys.record(made["id"]), "alert")) < 8 * 1024
+    # The command sent to the job carries no annotations at all.
+    [entry] = r.xrange(keys.mailbox(keys.Target("job", "big-job")))
+    assert len(entry[1]["c"]) < 4096
+
+
+def test_the_global_indexes_without_a_ttl_forget_targets_that_are_long_gone(app: Any, r: Any) -> None:
+    http = app.test_client()
+    made = webhook(http, alert("firing", "TrainingLossSpike", "g1", job_name="gone-job"))
+    rid = made[0]["id"]
+    target = keys.Target("job", "gone-job")
+    # The job heartbeated two days ago and never again.
+    r.zadd(keys.TARGETS, {target.label: time.time() - 2 * 86400, "job:alive": time.time()})
+    rc = app.extensions["trainmedic"].reconciler
+    rc.tick(time.time() + 3601)  # its command expired after an hour
+    assert status(r, rid) == "expired"
+    assert r.zrange(keys.TARGETS, 0, -1) == ["job:alive"]
+    assert target.label in r.smembers(keys.MAILBOXES) and target.label not in r.zrange(keys.DUE, 0, -1)
+    # Thirty days pass: every key of the target reaches its TTL (made to expire now).
+    for k in r.scan_iter(match=f"trainmedic:{target.tag}*".replace("{", "\\{").replace("}", "\\}")):
+        assert r.pttl(k) > 0
+        r.pexpire(k, 1)
+    time.sleep(0.05)
+    assert http.get("/metrics").status_code == 200  # a scrape drops targets with nothing left
+    assert target.label not in r.smembers(keys.MAILBOXES)
