@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -42,6 +43,63 @@ def expr_of(generator_url: str | None) -> str | None:
         return None
     expr = values[0].strip() if values else ""
     return expr or None
+
+
+_COMPARISONS = ("==", "!=", ">=", "<=", ">", "<")
+_SET_OPERATORS = re.compile(r"\b(and|or|unless)\b")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An alert expression `VALUE OP THRESHOLD` split at its top-level comparison."""
+
+    value: str
+    op: str
+    threshold: str
+
+    @property
+    def constant(self) -> float | None:
+        """The threshold when it is a plain number."""
+        return _finite(self.threshold) if re.fullmatch(r"[-+]?[0-9.eE+-]+", self.threshold.strip()) else None
+
+
+def split_comparison(expr: str) -> Comparison | None:
+    """`max(x) > 2 * median(x)` as its value side, operator and threshold side; None when it is not one
+    comparison at the top level (a chart of a comparison alone would only show while the alert fires)."""
+    depth, quote, found = 0, "", []
+    i = 0
+    while i < len(expr):
+        c = expr[i]
+        if quote:
+            if c == "\\" and quote != "`":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'`":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0:
+            op = next((o for o in _COMPARISONS if expr.startswith(o, i)), None)
+            if op and not expr.startswith("=~", i) and not expr.startswith("!~", i):
+                found.append((i, op))
+                i += len(op)
+                continue
+        i += 1
+    if len(found) != 1 or _SET_OPERATORS.search(_strip_strings(expr)):
+        return None
+    at, op = found[0]
+    value, threshold = expr[:at].strip(), expr[at + len(op):].strip()
+    threshold = re.sub(r"^bool\b", "", threshold).strip()
+    if not value or not threshold:
+        return None
+    return Comparison(value, op, threshold)
+
+
+def _strip_strings(expr: str) -> str:
+    return re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
 
 
 def _finite(text: Any) -> float | None:
@@ -105,11 +163,12 @@ def _why(exc: HttpError) -> str:
     return f"Prometheus refused the query: {error}" if error else f"Prometheus answered HTTP {exc.status}"
 
 
-def encode(series: list[Series], total: int) -> str:
-    """Series as cached in Redis."""
-    return json.dumps({"total": total, "series": [{"labels": s.labels, "points": s.points} for s in series]})
+def encode(groups: list[tuple[list[Series], int]]) -> str:
+    """Range answers (series and how many there were, per query) as cached in Redis."""
+    return json.dumps([{"total": total, "series": [{"labels": x.labels, "points": x.points} for x in series]}
+                       for series, total in groups])
 
 
-def decode(text: str) -> tuple[list[Series], int]:
-    d = json.loads(text)
-    return [Series(s["labels"], tuple((float(t), float(v)) for t, v in s["points"])) for s in d["series"]], d["total"]
+def decode(text: str) -> list[tuple[list[Series], int]]:
+    return [([Series(x["labels"], tuple((float(t), float(v)) for t, v in x["points"])) for x in g["series"]],
+             int(g["total"])) for g in json.loads(text)]

@@ -23,6 +23,16 @@ def rfc3339(ts: float | None = None) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
+def parse_rfc3339(text: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time (any fraction of a second), or None for anything else."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def dumps(value: Any) -> str:
     """Compact JSON that refuses NaN and infinities (strict parsers reject them; records never hold them)."""
     return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str)

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, UTC
 from collections.abc import Mapping, Sequence
 
 from trainmedic.client.settings import DEFAULT_ALERTMANAGER_TRUST_AFTER
+from trainmedic.client.wire.protocol import parse_rfc3339
 
 from ..http import Http, HttpError
 
@@ -100,10 +101,4 @@ def _utc(dt: datetime) -> str:
 
 def _uptime_start(status: object) -> float | None:
     """When the Alertmanager answering started, from its status (None if it does not say)."""
-    text = status.get("uptime") if isinstance(status, dict) else None
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return parse_rfc3339(status.get("uptime") if isinstance(status, dict) else None)

@@ -6,12 +6,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 from collections.abc import Iterable, Sequence
 
 from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.protocol import ActionCall, Command
+from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
 from trainmedic.client.wire.records import Step
 from trainmedic.client.wire.redis import run_scripts
 from trainmedic.client.wire.signing import Signer
@@ -130,10 +129,8 @@ def command_for(record_id: str, target: keys.Target, steps: Iterable[tuple[int, 
 
 def _ms_of(text: str, default: float) -> int:
     """Milliseconds since the epoch of an RFC 3339 time (a resolve's endsAt), else of `default`."""
-    try:
-        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return int(default * 1000)
+    t = parse_rfc3339(text)
+    return int((default if t is None else t) * 1000)
 
 
 def steps_of(h: dict[str, str]) -> list[Step]:

@@ -15,7 +15,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.client.wire.protocol import parse_rfc3339, rfc3339
 
 from .. import outcomes
 from ..http import HttpError
@@ -249,6 +249,15 @@ class _Pass:
             self._active, self._asked = self.view.active(self.fingerprint), True
         return self._active
 
+    def applied_at(self) -> float:
+        """The last ack of an applied action (as the record shows it), else when the record settled or was made
+        (a dry run): what time to resolve and a stage's `after` count from."""
+        h = self.h
+        times = [parse_rfc3339(h.get(f"a:{i}:acked_at")) for i in range(int(h.get("n") or 0))
+                 if h.get(f"a:{i}:status") == "applied"]
+        known = [t for t in times if t is not None]
+        return max(known) if known else int(h.get("settled_ms") or h.get("created_ms") or 0) / 1000
+
     def resolved(self) -> Resolved | None:
         """The resolve of this record's episode (or of a later one), from the resolve notification."""
         ep = self.f.r.hmget(keys.episode(self.target, self.pb.name, self.fingerprint), "res_start", "res_ms", "res_at")
@@ -289,7 +298,7 @@ class _Pass:
             f.count(h, self.pb, current, now)
             return current, res
         f.count(h, self.pb, "pending", now)
-        applied = int(h.get("settled_ms") or h.get("created_ms") or 0) / 1000
+        applied = self.applied_at()
         deadline = applied + int(h.get("verify_ms") or 0) / 1000
         polling = self.silenced()
         if res is None and (now >= deadline or polling):
@@ -315,7 +324,7 @@ class _Pass:
             how = {"rejected": "rejected", "resolved_before_approval": "resolved"}.get(reason, "unresolved")
             f.end_ladder(self.first, pb, how, self.events)
         elif self.stage < len(pb.escalate):
-            base = int(self.h.get("settled_ms") or self.h.get("created_ms") or 0) / 1000
+            base = self.applied_at()
             at = base + pb.escalate[self.stage].after
             if now < at:
                 self.due.append(min(at, now + SILENCED_POLL) if self.silenced() else at)

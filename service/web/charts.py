@@ -7,6 +7,8 @@ from datetime import datetime, UTC
 from typing import Any
 from collections.abc import Iterable, Sequence
 
+from trainmedic.client.wire.protocol import parse_rfc3339
+
 LR_ACTIONS = ("scale_lr", "set_lr")
 DOT_R = 7
 _FAN = (0, -1, 1, -2, 2)  # vertical offsets, in dot sizes, of dots that would cover each other in a lane
@@ -14,14 +16,8 @@ _FAN = (0, -1, 1, -2, 2)  # vertical offsets, in dot sizes, of dots that would c
 _STEPS = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 30 * 86400)
 
 
-def parse_time(text: str | None) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time, or None."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+# Seconds since the epoch of an RFC 3339 time, or None (the pages read record times with it).
+parse_time = parse_rfc3339
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,9 @@ from collections.abc import Iterable, Sequence
 
 from trainmedic.client.wire import keys
 
-from ..prometheus import Prometheus, PrometheusError, Series, decode, encode, expr_of
+from ..prometheus import Prometheus, PrometheusError, Series, decode, encode, expr_of, split_comparison
 from .charts import Frame, Tick, floats, lr_changes, parse_time, time_ticks, x_of
 
-BEFORE = 15 * 60.0
-AFTER = 15 * 60.0
 MAX_SPAN = 6 * 3600.0
 POINTS = 240
 # A window that reaches into the present is asked again after this long; one wholly past, after a day.
@@ -24,6 +22,7 @@ PAST_TTL = 86400
 # After a failed query the page shows its note this long before asking Prometheus again.
 FAILED_TTL = 30
 POWER_ACTIONS = ("power_limit", "restore_power_limit")
+LABEL_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,8 @@ class Marker:
     kind: str
     label: str
     title: str
+    row: int = 0  # which line of labels at the top, so close markers' labels do not overlap
+    anchor: str = "start"  # "end" near the right edge: the label reads leftwards from its line
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Line:
     path: str
     name: str
     index: int
+    dashed: bool = False  # the alert's threshold
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,19 @@ class Around:
 
 
 def window(anchor: dict[str, Any], ladder: Sequence[dict[str, Any]], now: float) -> tuple[float, float]:
-    """From a while before the remediation to a while after its last event (or now), at most MAX_SPAN."""
+    """From a little before the alert fired to a little after its ladder's last event (or now, while it goes
+    on): padded by a sixth of that span, a minute at least, and at most MAX_SPAN long."""
     created = parse_time(anchor.get("created_at")) or now
     started = parse_time((anchor.get("alert") or {}).get("starts_at")) or created
-    t0 = min(created - BEFORE, max(started, created - MAX_SPAN / 2) - 60)
-    last = max([created, *(t for t, _ in _events(ladder))])
-    t1 = min(now, last + AFTER, t0 + MAX_SPAN)
-    return t0, max(t1, min(now, t0 + 600))
+    events = [created, *(t for t, _ in _events(ladder))]
+    first = max(min(started, *events), created - MAX_SPAN / 2)
+    over = any((r.get("outcome") or {}).get("resolved_at") for r in ladder)
+    end = max(events) if over else now
+    pad = max(60.0, (end - first) / 6)
+    t0, t1 = first - pad, min(now, end + pad)
+    if t1 - t0 > MAX_SPAN:
+        t1 = t0 + MAX_SPAN
+    return t0, max(t1, t0 + 120)
 
 
 def _events(records: Iterable[dict[str, Any]]) -> list[tuple[float, Marker]]:
@@ -106,10 +114,19 @@ def _markers(anchor: dict[str, Any], records: Iterable[dict[str, Any]], t0: floa
         events.append((started, Marker(0, "alert", "fired", "the alert started firing")))
     seen: set[tuple[str, float]] = set()
     out = []
+    ends: list[float] = []  # per label row, where its last label ends (px)
     for t, m in sorted(events, key=lambda e: e[0]):
         if t0 <= t <= t1 and (m.kind, round(t)) not in seen:
             seen.add((m.kind, round(t)))
-            out.append(Marker(x_of(t, t0, t1, frame), m.kind, m.label, m.title))
+            x = x_of(t, t0, t1, frame)
+            width = 7 * len(m.label) + 8
+            side = "end" if x + width > frame.x1 else "start"
+            left = x - width if side == "end" else x
+            row = next((i for i, e in enumerate(ends) if e < left), len(ends))
+            if row == len(ends):
+                ends.append(0.0)
+            ends[row] = left + width
+            out.append(Marker(x, m.kind, m.label, m.title, row % LABEL_ROWS, side))
     return tuple(out)
 
 
@@ -125,8 +142,9 @@ def _nice_ticks(lo: float, hi: float) -> list[float]:
 
 
 def plot(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], t0: float, t1: float, title: str,
-         markers_for: Any = None, height: int = 240) -> Plot | None:
-    """Lines for (name, points) pairs over [t0, t1]; None when no point falls in the window."""
+         markers_for: Any = None, height: int = 240, dashed: int = 0) -> Plot | None:
+    """Lines for (name, points) pairs over [t0, t1], the last `dashed` of them dashed (thresholds); None when
+    no point falls in the window."""
     frame = Frame(height=height, left=80)
     values = [v for _, pts in series for t, v in pts if t0 <= t <= t1]
     if not values:
@@ -144,7 +162,7 @@ def plot(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], t0: float,
         if inside:
             path = " ".join(("M" if j == 0 else "L") + f"{x_of(t, t0, t1, frame)},{y(v)}"
                             for j, (t, v) in enumerate(inside))
-            lines.append(Line(path, name, i))
+            lines.append(Line(path, name, i, i >= len(series) - dashed))
     yticks = tuple(Tick(y(v), f"{v:.4g}") for v in _nice_ticks(lo, hi))
     markers = markers_for(t0, t1, frame) if markers_for else ()
     return Plot(frame, tuple(lines), time_ticks(t0, t1, frame), yticks, markers, title)
@@ -200,13 +218,30 @@ def around(r: Any, prom: Prometheus | None, anchor: dict[str, Any], records: Seq
                                        "remediation.", lower)
     if expr is None:
         return Around(rid, None, None, "The alert carries no expression (its generatorURL has no g0.expr).", lower)
+    # A comparison alone would show only while the alert fires: draw its value side and, dashed, its threshold.
+    cmp = split_comparison(expr)
+    queries = [expr] if cmp is None else [cmp.value] + ([cmp.threshold] if cmp.constant is None else [])
     try:
-        series, total = _cached_range(r, prom, anchor, expr, t0, t1, now)
+        answers = _cached_ranges(r, prom, anchor, queries, t0, t1, now)
     except PrometheusError as exc:
         return Around(rid, expr, None, f"No chart: {exc}.", lower)
-    metric = plot([(s.name, s.points) for s in series], t0, t1, expr, markers_for)
+    labels = (anchor.get("alert") or {}).get("labels") or {}
+    series, total = answers[0]
+    lines = [(x.name, x.points) for x in _this_alert(series, labels)]
+    thresholds: list[tuple[str, Sequence[tuple[float, float]]]] = []
+    if cmp is not None and cmp.constant is not None:
+        thresholds = [(f"threshold ({cmp.op} {cmp.constant:g})", ((t0, cmp.constant), (t1, cmp.constant)))]
+    elif cmp is not None:
+        thresholds = [(f"threshold: {x.name}", x.points) for x in _this_alert(answers[1][0], labels)]
+    metric = plot(lines + thresholds, t0, t1, expr, markers_for, dashed=len(thresholds)) if lines else None
     note = None if metric else "Prometheus has no samples of the alert's expression in this window."
-    return Around(rid, expr, metric, note, lower, len(series), total)
+    return Around(rid, expr, metric, note, lower, len(lines), total)
+
+
+def _this_alert(series: list[Series], labels: dict[str, str]) -> list[Series]:
+    """The expression gives every series of the rule; this alert's are those whose labels it carries."""
+    mine = [x for x in series if all(labels.get(k) == v for k, v in x.labels.items() if k != "__name__")]
+    return mine or series
 
 
 def _same_ladder(rec: dict[str, Any], anchor: dict[str, Any]) -> bool:
@@ -214,19 +249,19 @@ def _same_ladder(rec: dict[str, Any], anchor: dict[str, Any]) -> bool:
     return rec["id"] == first or (rec.get("escalation") or {}).get("parent") == first
 
 
-def _cached_range(r: Any, prom: Prometheus, anchor: dict[str, Any], expr: str, t0: float, t1: float,
-                  now: float) -> tuple[list[Series], int]:
+def _cached_ranges(r: Any, prom: Prometheus, anchor: dict[str, Any], exprs: list[str], t0: float, t1: float,
+                   now: float) -> list[tuple[list[Series], int]]:
+    """Each query's range answer, from the record's cache entry when Prometheus was asked lately."""
     key = keys.chart_cache(keys.target_of_record(anchor["id"]), anchor["id"])
     cached = r.get(key)
     if cached:
         if cached.startswith("!"):
             raise PrometheusError(cached[1:])
-        series, total = decode(cached)
-        return series, total
+        return decode(cached)
     try:
-        series, total = prom.query_range(expr, t0, t1, (t1 - t0) / POINTS)
+        answers = [prom.query_range(e, t0, t1, (t1 - t0) / POINTS) for e in exprs]
     except PrometheusError as exc:
         r.set(key, "!" + str(exc), ex=FAILED_TTL)
         raise
-    r.set(key, encode(series, total), ex=FRESH_TTL if t1 >= now - 60 else PAST_TTL)
-    return series, total
+    r.set(key, encode(answers), ex=FRESH_TTL if t1 >= now - 60 else PAST_TTL)
+    return answers
