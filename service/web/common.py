@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -31,6 +32,33 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _finite_int(text: str) -> int:
+    value = int(text)
+    if not is_finite_number(value):  # 10**400 is as infinite to a float-based reader as 1e999
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits is too large to be a finite number")
+    return value
+
+
+# A JSON escape of a UTF-16 surrogate; json.loads joins valid pairs into one character, so any left is unpaired.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _unpaired_surrogate(value: Any) -> bool:
+    """Whether any string in the parsed value (keys included) holds an unpaired surrogate (not text)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
 def _unique(pairs: list[tuple[str, Any]]) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
@@ -49,8 +77,9 @@ def read_json() -> Any:
         raise UnsupportedMediaType("the body must be sent as Content-Type: application/json")
     data = request.get_data(cache=False)
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float,
-                          object_pairs_hook=_unique)
+        text = data.decode("utf-8")
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_finite_int,
+                           object_pairs_hook=_unique)
     except UnicodeDecodeError:
         raise BadRequest("the body is not valid UTF-8") from None
     except RecursionError:
@@ -58,6 +87,10 @@ def read_json() -> Any:
     except ValueError as exc:
         why = str(exc) if "finite" in str(exc) or "twice" in str(exc) else ""
         raise BadRequest(f"the body is not valid JSON{': ' + why if why else ''}") from None
+    if _SURROGATE_ESCAPE.search(text) and _unpaired_surrogate(value):
+        # Stored, it would break every page that shows it (a str holding one cannot be encoded as UTF-8).
+        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape, which is not text")
+    return value
 
 
 def live_targets(r: Any) -> list[dict]:
