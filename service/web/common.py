@@ -104,12 +104,30 @@ def live_targets(r: Any) -> list[dict]:
         pipe.get(keys.heartbeat(keys.Target(kind, name)))
     out = []
     for label, raw in zip(labels, pipe.execute()):
-        if not raw:
+        info = _heartbeat(raw)
+        if info is None:
             continue
-        info = json.loads(raw)
         kind, _, name = label.partition(":")
-        seen = float(info.pop("last_seen", 0))
+        seen = info.pop("last_seen")
         out.append({**info, "kind": kind, "name": name, "last_seen": rfc3339(seen),
                     "age_seconds": round(now - seen, 3)})
     out.sort(key=lambda t: (t["kind"], t["name"]))
     return out
+
+
+def _heartbeat(raw: str | None) -> dict | None:
+    """A heartbeat as its process wrote it, or None when it cannot be shown. Trainers and agents write these
+    with their own Redis access: one that is not JSON, holds NaN, or says it was sent in year 33658 must not
+    turn GET /targets and every page into a 500."""
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_finite_int)
+        if not isinstance(info, dict):
+            return None
+        seen = float(info.get("last_seen", 0))
+        rfc3339(seen)  # a time a date can hold
+    except (ValueError, TypeError, OverflowError, OSError, RecursionError):
+        return None
+    info["last_seen"] = seen
+    return info
