@@ -3,6 +3,7 @@ root, on the NVML stand-in, with a real allow-root) and a real training client; 
 writes in a real Chromium; Host; page headers; NaN at every door. Real processes, a real redis-server."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import http.server
 import json
@@ -331,6 +332,51 @@ def test_a_training_client_without_a_key_accepts_signed_commands_and_as_document
     finally:
         rc.close()
 
+
+
+def test_a_forged_ledger_entry_is_not_applied_when_a_verifying_client_resumes(r, redis_url, http) -> None:
+    # The job's ledger is how a resumed run learns which sticky LR changes to apply again (Guarantees 5). Anyone
+    # who may write the job's keys (a trainer's Redis user may) can append to it: entries must be signed too.
+    from tests.support.loop import Loop
+
+    first = Loop(redis_url, JOB, verify_key=VERIFY_KEY)
+    try:
+        first.run_for(0.3)
+        before = copy.deepcopy(first.rc.state_dict())  # a checkpoint from before any change
+        rid = jobs.send(r, JOB, "scale_lr", {"factor": 0.5})
+        jobs.wait_record(r, rid, tick=first.tick)
+        assert first.lr == pytest.approx(0.05)
+    finally:
+        first.rc.close()
+    ledger = keys.ledger(keys.Target("job", JOB))
+    [genuine] = [json.loads(x) for x in r.lrange(ledger, 0, -1)]
+    other = keys.Target("job", "another-job")
+    forged = [
+        # no signature at all, for a record that does not exist
+        {"rid": new_record_id(keys.Target("job", JOB)), "index": 0, "action": "set_lr", "params": {"lr": 9.0}},
+        # the genuine entry with its params changed next to the signed bytes
+        {**genuine, "rid": new_record_id(keys.Target("job", JOB)), "params": {"factor": 10.0}},
+        # signed by another key
+        {**genuine, "rid": new_record_id(keys.Target("job", JOB)), "action": "set_lr", "params": {"lr": 7.0},
+         "sig": Signer.from_secret(ATTACKER_KEY).sign(signed_command(keys.Target("job", JOB), [
+             ("set_lr", {"lr": 7.0})]).to_json().encode())},
+        # another job's genuine, signed command (it would set this job's LR to 3.0)
+        {"rid": (o := jobs.inject(r, other, [("set_lr", {"lr": 3.0})])), "index": 0, "action": "set_lr",
+         "params": {"lr": 3.0}, "cmd": r.hget(keys.record(o), "cmd"), "sig": r.hget(keys.record(o), "sig")},
+    ]
+    r.rpush(ledger, *[json.dumps(e) for e in forged])
+    seen = rejected(http)
+    resumed = Loop(redis_url, JOB, verify_key=VERIFY_KEY)
+    try:
+        resumed.rc.load_state_dict(before)
+        jobs.wait_until(lambda: resumed.lr != pytest.approx(0.1), tick=resumed.tick, what="the genuine change")
+        resumed.run_for(1.0)  # long enough for every entry to have been looked at
+        assert resumed.lr == pytest.approx(0.05)  # the genuine scale_lr only, applied again once
+    finally:
+        resumed.rc.close()
+    now = rejected(http)
+    assert now.get("unsigned", 0) - seen.get("unsigned", 0) == 1
+    assert now.get("bad_signature", 0) - seen.get("bad_signature", 0) == 1
 
 # -- the service: tokens, cross-site writes, Host, page headers
 
