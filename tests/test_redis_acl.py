@@ -83,7 +83,7 @@ def webhook(g: Gunicorn, status: str = "firing", **labels: str) -> dict:
     return dict(rec)
 
 
-def test_the_acl_file_is_one_users_acl_redis_accepts_with_the_fewest_rights(acl_redis, inspector) -> None:
+def test_redis_loads_the_acl_file_and_no_user_may_run_admin_or_keyspace_wide_commands(acl_redis, inspector) -> None:
     users = set(inspector.acl_users())
     assert users == {"default", "trainmedic", "trainmedic-agent", "trainmedic-trainer", "inspector"}
     default = inspector.acl_getuser("default")
