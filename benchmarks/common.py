@@ -16,12 +16,15 @@ sys.path.insert(0, str(ROOT))
 from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
 TOKEN = "bench-token"
+# The service signs every command (required since commands are signed); agents and trainers take its public half.
+SIGNING_KEY = "bench-signing-key-" + "0123456789abcdef" * 2
 
 
 class Stack:
     """Redis (AOF on, as `trainmedic serve` runs it) plus gunicorn with N workers; a context manager."""
 
-    def __init__(self, workers: int = 4, playbooks: str | None = None, redis_url: str | None = None):
+    def __init__(self, workers: int = 4, playbooks: str | None = None, redis_url: str | None = None,
+                 env: dict[str, str] | None = None):
         self.tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
         self.redis = None if redis_url else EmbeddedRedis(self.tmp / "redis")
         self.redis_url = redis_url
@@ -29,6 +32,7 @@ class Stack:
         self.playbooks = playbooks or str(ROOT / "playbooks")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_env = env or {}
 
     def __enter__(self) -> Stack:
         if self.redis is not None:
@@ -37,7 +41,8 @@ class Stack:
         env = dict(os.environ, TRAINMEDIC_REDIS_URL=self.redis_url, TRAINMEDIC_BIND=f"127.0.0.1:{self.port}",
                    TRAINMEDIC_WORKERS=str(self.workers), TRAINMEDIC_WEBHOOK_TOKEN=TOKEN,
                    TRAINMEDIC_PLAYBOOKS=self.playbooks, TRAINMEDIC_LOG_LEVEL="warning",
-                   PROMETHEUS_MULTIPROC_DIR=str(self.tmp / "metrics"))
+                   TRAINMEDIC_SIGNING_KEY=SIGNING_KEY, PROMETHEUS_MULTIPROC_DIR=str(self.tmp / "metrics"),
+                   **self.extra_env)
         self.log = open(self.tmp / "gunicorn.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "service/gunicorn.conf.py")],
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

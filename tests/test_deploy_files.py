@@ -234,7 +234,8 @@ def test_the_service_runs_gunicorn_through_trainmedic_serve_with_its_token_from_
     assert argv[:2] == ["trainmedic", "serve"]
     args = cli_parser().parse_args(argv[1:])
     assert (args.host, args.no_agent) == ("0.0.0.0", True)
-    url = urlsplit(args.redis_url)
+    assert args.redis_url is None  # its URL holds a password: in the environment, never on the command line
+    url = urlsplit(svc["environment"]["TRAINMEDIC_REDIS_URL"])
     assert url.scheme == "redis" and url.hostname in compose["services"] and url.port == 6379
     token_file = svc["environment"]["TRAINMEDIC_WEBHOOK_TOKEN_FILE"]
     [secret] = svc["secrets"]
@@ -258,7 +259,7 @@ def test_the_agent_gets_the_gpus_the_driver_library_and_its_allow_root(compose: 
     env = svc["environment"]
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")  # libnvidia-ml.so for NVML
-    assert urlsplit(args.redis_url).hostname in compose["services"]
+    assert args.redis_url is None and urlsplit(env["TRAINMEDIC_REDIS_URL"]).hostname in compose["services"]
 
 
 def test_the_agent_node_name_is_the_one_the_exporters_report(compose: dict) -> None:
@@ -315,7 +316,7 @@ def test_the_trainer_command_is_one_the_example_trainer_accepts(compose: dict) -
     assert "COPY examples/train.py /app/train.py" in (ROOT / "Dockerfile").read_text()
     args = _example_trainer().parser().parse_args(argv[2:])
     assert args.checkpoint_dir == Path("/checkpoints")
-    assert compose["services"]["trainer"]["environment"]["TRAINMEDIC_REDIS_URL"] == "redis://redis:6379/0"
+    assert urlsplit(compose["services"]["trainer"]["environment"]["TRAINMEDIC_REDIS_URL"]).hostname == "redis"
 
 
 # -- Dockerfile

@@ -223,6 +223,11 @@ class Inbox:
                 elif answer == "ok":
                     self.ready.append(e)
                     took = True
+                elif answer == "replayed":
+                    # Its record was acknowledged already: the same signed bytes were delivered again.
+                    mb.count_refused("replayed")
+                    log.warning("trainmedic: ignored a replay of command %s, which was acknowledged already",
+                                e.command.record_id)
                 elif answer == "missing":
                     # No record holds it: not a command the service made (or one long gone). Never applied.
                     log.warning("trainmedic: ignored a command for unknown remediation %s", e.command.record_id)

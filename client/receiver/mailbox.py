@@ -92,16 +92,42 @@ class Mailbox:
         records.reapply(self.scripts, record_id, index, at, step, by)
 
     def ledger(self) -> list[dict[str, Any]]:
-        """The job's applied scale_lr / set_lr, oldest first."""
+        """The job's applied scale_lr / set_lr, oldest first; with verify keys, only entries whose action and
+        params come from a command the service signed for this job (taken from those signed bytes)."""
         out = []
         for raw in self.r.lrange(keys.ledger(self.target), 0, -1):
             try:
                 entry = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(entry, dict) and keys.RECORD_ID_RE.match(str(entry.get("rid", ""))):
+            if not (isinstance(entry, dict) and keys.RECORD_ID_RE.match(str(entry.get("rid", "")))):
+                continue
+            if self.verifier is not None:
+                entry = self._signed_entry(entry)
+            if entry is not None:
                 out.append(entry)
         return out
+
+    def _signed_entry(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        assert self.verifier is not None
+        text, sig = str(entry.get("cmd") or ""), str(entry.get("sig") or "")
+        refused = "unsigned" if not sig else None if self.verifier.verify(text.encode(), sig) else "bad_signature"
+        why = {"unsigned": "is not signed", "bad_signature": "has a signature no verify key matches"}.get(refused or "")
+        if why is None:
+            try:
+                cmd = Command.from_json(text)
+                [call] = [a for a in cmd.actions if a.index == entry.get("index")]
+                if (cmd.record_id, cmd.kind, cmd.target) != (entry["rid"], self.target.kind, self.target.name):
+                    raise ProtocolError("it names another record or target")
+            except (ProtocolError, ValueError):
+                why = "does not match the signed command it carries"
+            else:
+                return {**entry, "action": call.action, "params": dict(call.params)}
+        if refused:
+            self.count_refused(refused)
+        log.warning("trainmedic: ignored an entry of %s's ledger (for %s) that %s", self.target.label,
+                    entry.get("rid"), why)
+        return None
 
     def count_refused(self, reason: str, n: int = 1) -> None:
         """Count commands this applier refused (or answered without applying), for /metrics."""

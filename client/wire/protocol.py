@@ -101,13 +101,15 @@ class Command:
     @classmethod
     def from_json(cls, text: str | bytes) -> Command:
         try:
-            d = json.loads(text, parse_constant=_refuse)
+            # NaN and Infinity parse as 1e999 already does, so the action is refused where its params are checked
+            # (failed, with a sentence) instead of the whole command being ignored and left to expire.
+            d = json.loads(text, parse_constant=float)
             if d.get("v") != VERSION:
                 raise ProtocolError(f"command version {d.get('v')!r} is not {VERSION}")
             actions = tuple(ActionCall(int(a["index"]), str(a["action"]), dict(a.get("params") or {}),
                                        a.get("optional") is True) for a in d["actions"])
             return cls(record_id=str(d["record_id"]), kind=str(d["kind"]), target=str(d["target"]),
-                       actions=actions, issued_at=float(d["issued_at"]), expires_at=float(d["expires_at"]),
+                       actions=actions, issued_at=_time(d["issued_at"]), expires_at=_time(d["expires_at"]),
                        context=dict(d.get("context") or {}), fingerprint=str(d.get("fingerprint") or "")[:64],
                        fence=str(d.get("fence") or "")[:512], starts_at=str(d.get("starts_at") or "")[:64])
         except ProtocolError:
@@ -116,8 +118,11 @@ class Command:
             raise ProtocolError(f"malformed command: {exc}") from None
 
 
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not a finite number")
+def _time(value: Any) -> float:
+    t = float(value)
+    if not math.isfinite(t):  # an expiry of NaN or infinity would never pass
+        raise ValueError(f"{value!r} is not a finite time")
+    return t
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ CLAIM_RECHECK = 10.0
 
 def claim(scripts: Scripts, target: keys.Target, entry_id: str, record_id: str | None, identity: str,
           now: float, cursor_ttl: float) -> str:
-    """Take a mailbox entry: 'ok', 'taken', 'missing', 'expired' or 'gone' (see lua/claim.lua)."""
+    """Take a mailbox entry: 'ok', 'taken', 'missing', 'expired', 'replayed' or 'gone' (see lua/claim.lua)."""
     # A malformed entry names no record: it still moves the cursor, under a key that never exists.
     rec = keys.record(record_id) if record_id else keys.record_prefix(target) + "-"
     answer = scripts.claim(keys=[keys.cursor(target), rec, keys.due_items(target)],

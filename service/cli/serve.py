@@ -139,7 +139,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     node = node_name()
     if not args.no_agent:
         procs.append(_agent(args, node, env, verify_key, data))
-    _announce(args, settings, url, embedded is not None, data, verify_key, node)
+    _announce(args, settings, url, embedded is not None, data, verify_key, node,
+              token_made="TRAINMEDIC_OPERATOR_TOKEN_FILE" in secret_env)
     return supervise(procs, embedded)
 
 
@@ -155,7 +156,18 @@ def _ping(url: str) -> None:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     except redis.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {url}: {exc}") from None
+        raise CliError(f"cannot reach Redis at {masked(url)}: {exc}") from None
+
+
+def masked(url: str) -> str:
+    """A Redis URL with its password shown as ***: what goes into output and logs."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
 
 
 def _agent(args: argparse.Namespace, node: str, env: dict[str, str], verify_key: str, data: Path) -> subprocess.Popen:
@@ -173,15 +185,22 @@ def _agent(args: argparse.Namespace, node: str, env: dict[str, str], verify_key:
 
 
 def _announce(args: argparse.Namespace, settings: Settings, url: str, embedded: bool, data: Path, verify_key: str,
-              node: str) -> None:
+              node: str, token_made: bool = True) -> None:
     shown = args.host if args.host not in ("0.0.0.0", "::") else socket.getfqdn()
     where = f", embedded, data in {data / 'redis'}" if embedded else ""
     agent = f", local agent for node {node}" if not args.no_agent else ""
     print(f"trainmedic: serving on http://{shown}:{args.port} (Redis{where}{agent})", flush=True)
+    # Secrets it was given (a Redis user's password, the operator token) are never printed: output ends up in
+    # logs. What it made itself into the data dir (the embedded Redis's password, a token) it prints, once per start.
+    redis_line = (f"export TRAINMEDIC_REDIS_URL='{url}'" if embedded else
+                  f"# Redis at {masked(url)}: give trainers and node agents their own Redis users "
+                  "(config/redis/users.acl), not this one")
+    token_line = (f"export TRAINMEDIC_OPERATOR_TOKEN='{settings.operator_token}'" if token_made else
+                  "# (the TRAINMEDIC_OPERATOR_TOKEN this service was given)")
     print("\n# Trainers and node agents: set these (the URL stays the same across restarts)\n"
-          f"export TRAINMEDIC_REDIS_URL='{url}'\nexport TRAINMEDIC_VERIFY_KEY='{verify_key}'\n"
+          f"{redis_line}\nexport TRAINMEDIC_VERIFY_KEY='{verify_key}'\n"
           "# People's writes (trainmedic send, approve, reject) need the operator token:\n"
-          f"export TRAINMEDIC_OPERATOR_TOKEN='{settings.operator_token}'\n", flush=True)
+          f"{token_line}\n", flush=True)
     print(RECEIVER_SNIPPET.format(host=shown, port=args.port, auth=AUTH_SNIPPET if settings.webhook_token else ""),
           flush=True)
 

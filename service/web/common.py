@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -31,6 +32,33 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _finite_int(text: str) -> int:
+    value = int(text)
+    if not is_finite_number(value):  # 10**400 is as infinite to a float-based reader as 1e999
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits is too large to be a finite number")
+    return value
+
+
+# A JSON escape of a UTF-16 surrogate; json.loads joins valid pairs into one character, so any left is unpaired.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _unpaired_surrogate(value: Any) -> bool:
+    """Whether any string in the parsed value (keys included) holds an unpaired surrogate (not text)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
 def _unique(pairs: list[tuple[str, Any]]) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
@@ -49,8 +77,9 @@ def read_json() -> Any:
         raise UnsupportedMediaType("the body must be sent as Content-Type: application/json")
     data = request.get_data(cache=False)
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float,
-                          object_pairs_hook=_unique)
+        text = data.decode("utf-8")
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_finite_int,
+                           object_pairs_hook=_unique)
     except UnicodeDecodeError:
         raise BadRequest("the body is not valid UTF-8") from None
     except RecursionError:
@@ -58,6 +87,10 @@ def read_json() -> Any:
     except ValueError as exc:
         why = str(exc) if "finite" in str(exc) or "twice" in str(exc) else ""
         raise BadRequest(f"the body is not valid JSON{': ' + why if why else ''}") from None
+    if _SURROGATE_ESCAPE.search(text) and _unpaired_surrogate(value):
+        # Stored, it would break every page that shows it (a str holding one cannot be encoded as UTF-8).
+        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape, which is not text")
+    return value
 
 
 def live_targets(r: Any) -> list[dict]:
@@ -71,12 +104,30 @@ def live_targets(r: Any) -> list[dict]:
         pipe.get(keys.heartbeat(keys.Target(kind, name)))
     out = []
     for label, raw in zip(labels, pipe.execute()):
-        if not raw:
+        info = _heartbeat(raw)
+        if info is None:
             continue
-        info = json.loads(raw)
         kind, _, name = label.partition(":")
-        seen = float(info.pop("last_seen", 0))
+        seen = info.pop("last_seen")
         out.append({**info, "kind": kind, "name": name, "last_seen": rfc3339(seen),
                     "age_seconds": round(now - seen, 3)})
     out.sort(key=lambda t: (t["kind"], t["name"]))
     return out
+
+
+def _heartbeat(raw: str | None) -> dict | None:
+    """A heartbeat as its process wrote it, or None when it cannot be shown. Trainers and agents write these
+    with their own Redis access: one that is not JSON, holds NaN, or says it was sent in year 33658 must not
+    turn GET /targets and every page into a 500."""
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_finite_int)
+        if not isinstance(info, dict):
+            return None
+        seen = float(info.get("last_seen", 0))
+        rfc3339(seen)  # a time a date can hold
+    except (ValueError, TypeError, OverflowError, OSError, RecursionError):
+        return None
+    info["last_seen"] = seen
+    return info

@@ -27,6 +27,12 @@ TARGET_PAGE_RECORDS = 200
 HTML = {"Content-Type": "text/html; charset=utf-8"}
 
 
+def _page(template: str, **context: Any) -> bytes:
+    """A rendered page as UTF-8. A lone surrogate that reached Redis some other way (a trainer's heartbeat, a
+    record written by hand) becomes "?" instead of failing every later request for the page (500)."""
+    return render_template(template, **context).encode("utf-8", "replace")
+
+
 
 
 def _common(now: float) -> dict:
@@ -64,7 +70,7 @@ def index() -> Any:
         target_page = {"kind": kind, "name": name, "url": url_for("ui.target", kind=kind, name=name)}
     empty = ("No remediation matches these filters." if filters else
              "No remediations yet. They appear here as soon as Alertmanager calls POST /webhook.")
-    return render_template(
+    return _page(
         "index.html", **_common(now), items=items, next=nxt, before=q.before, f=f, filtered=bool(filters),
         error=error, targets=live_targets(ext.redis), playbooks=[p.name for p in ext.playbooks],
         statuses=history.STATUSES, outcomes=history.OUTCOMES, target_page=target_page, empty_text=empty,
@@ -80,7 +86,7 @@ def target(kind: str, name: str) -> Any:
     if kind not in keys.TARGET_KINDS or not keys.TARGET_NAME_RE.match(name):
         message = (f"There is no target {kind}/{name}: the kind is job or node, and the name is 1 to 128 "
                    "letters, digits or _.:@-")
-        return render_template("error.html", **_common(now), message=message), 404, HTML
+        return _page("error.html", **_common(now), message=message), 404, HTML
     label = f"{kind}:{name}"
     items, nxt = history.page(ext.redis, history.Query(limit=TARGET_PAGE_RECORDS, target=label))
     live = next((t for t in live_targets(ext.redis) if t["kind"] == kind and t["name"] == name), None)
@@ -89,7 +95,7 @@ def target(kind: str, name: str) -> Any:
     # The metric around the newest remediation of an alert (on_resolved records have their own alert's).
     anchor = next((r for r in items if not r.get("on_resolved") and r.get("requested_by") != "operator"), None)
     around = metric_chart.around(ext.redis, ext.prometheus, anchor, items, now) if anchor else None
-    return render_template(
+    return _page(
         "target.html", **_common(now), kind=kind, name=name, live=live, items=items, next=nxt,
         all_url=url_for("ui.index", target=label), timeline=charts.timeline(items, now),
         lr=charts.lr_chart(changes, now, current), lr_changes=changes, dot_r=charts.DOT_R, around=around,
@@ -102,13 +108,13 @@ def record(rid: str) -> Any:
     ext, now = _ext(), time.time()
     rec = record_store.get(ext.redis, rid)
     if rec is None:
-        return render_template("error.html", **_common(now),
-                               message=f"There is no remediation {rid}: it may be past retention."), 404, HTML
+        return _page("error.html", **_common(now),
+                     message=f"There is no remediation {rid}: it may be past retention."), 404, HTML
     ladder = _ladder(ext.redis, rec)
     around = None
     if not rec.get("on_resolved"):
         around = metric_chart.around(ext.redis, ext.prometheus, rec, ladder, now)
-    return render_template("record.html", **_common(now), rec=rec, ladder=ladder, around=around), 200, HTML
+    return _page("record.html", **_common(now), rec=rec, ladder=ladder, around=around), 200, HTML
 
 
 def _ladder(r: Any, rec: dict) -> list[dict]:

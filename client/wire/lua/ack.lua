@@ -36,8 +36,12 @@ if latency >= 0 then
 end
 redis.call('PEXPIRE', KEYS[2], a.stats_ttl_ms)
 if tonumber(a.ledger) == 1 and a.status == 'applied' and tonumber(a.replayed) ~= 1 then
+  -- With the signed command it came in, so a resumed client that verifies can check the entry (nothing else
+  -- stops whoever may write the job's keys from appending one).
   redis.call('RPUSH', KEYS[3], cjson.encode({rid = a.rid, index = tonumber(a.index), action = action,
-                                             params = spec.params, at = a.acked_at, by = a.acked_by}))
+                                             params = spec.params, at = a.acked_at, by = a.acked_by,
+                                             cmd = redis.call('HGET', rec, 'cmd') or '',
+                                             sig = redis.call('HGET', rec, 'sig') or ''}))
   redis.call('LTRIM', KEYS[3], -tonumber(a.ledger_max), -1)
   redis.call('PEXPIRE', KEYS[3], a.stats_ttl_ms)
 end

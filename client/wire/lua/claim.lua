@@ -3,7 +3,8 @@
 -- ARGV[1] entry id   ARGV[2] identity (host:pid[:rank])   ARGV[3] now (ms)   ARGV[4] cursor ttl (ms)
 --   ARGV[5] now as RFC 3339   ARGV[6] record id   ARGV[7] when the reconciler should look at the claim (ms)
 -- Returns 'ok' (ours to apply), 'taken' (another process claimed it), 'missing' (no such record: never
--- apply), 'expired' (its time passed: ended here, atomically with the claim) or 'gone' (nothing left open).
+-- apply), 'expired' (its time passed: ended here, atomically with the claim), 'replayed' (an applier already
+-- acknowledged it: this entry delivers it again) or 'gone' (nothing left open, e.g. the reconciler expired it).
 local function older(x, y)
   local xm, xs = string.match(x, '^(%d+)-(%d+)$')
   local ym, ys = string.match(y, '^(%d+)-(%d+)$')
@@ -22,7 +23,12 @@ local open = 0
 for i = 0, n - 1 do
   if redis.call('HGET', rec, 'a:' .. i .. ':status') == 'pending' then open = open + 1 end
 end
-if open == 0 then return 'gone' end
+if open == 0 then
+  for i = 0, n - 1 do
+    if redis.call('HEXISTS', rec, 'a:' .. i .. ':acked_by') == 1 then return 'replayed' end
+  end
+  return 'gone'
+end
 if expires > 0 and now > expires then
   end_open(rec, 'expired', 'expired', 'The command expired before anyone applied it.', ARGV[5])
   settle(rec, now, KEYS[3], ARGV[6])

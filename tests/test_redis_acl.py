@@ -1,0 +1,330 @@
+"""config/redis/users.acl on a real redis-server: the real flow works with each side's own user (the service
+through gunicorn, a training client applying scale_lr, a node agent applying disk_cleanup), Redis denies none of
+it, and a trainer cannot touch a node's keys, nor an agent a job's."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterator
+
+import pytest
+import redis
+import requests
+import torch
+from redis.exceptions import NoPermissionError
+
+from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys, records
+from trainmedic.service.embedded_redis import EmbeddedRedis
+
+from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, SIGNING_KEY, VERIFY_KEY, Gunicorn, load_fixture
+from tests.support import jobs
+from tests.support.nvml import AgentProcess
+
+ACL = ROOT / "config" / "redis" / "users.acl"
+RENDER = ROOT / "config" / "redis" / "render-acl.sh"
+PASSWORDS = {"SERVICE": "svc-" + "1" * 60, "AGENT": "agt-" + "2" * 60, "TRAINER": "trn-" + "3" * 60}
+USERS = {"SERVICE": "trainmedic", "AGENT": "trainmedic-agent", "TRAINER": "trainmedic-trainer"}
+JOB, NODE = "acl-job", "acl-node"
+DAY = 86400.0
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """redis-server with the ACL file rendered as docker-compose.yml renders it, plus an inspector for the test."""
+    tmp = tmp_path_factory.mktemp("acl")
+    rendered = tmp / "users.acl"
+    env = {**os.environ, "TRAINMEDIC_ACL_TEMPLATE": str(ACL), "TRAINMEDIC_ACL_OUT": str(rendered),
+           **{f"TRAINMEDIC_REDIS_{who}_PASSWORD": pw for who, pw in PASSWORDS.items()}}
+    subprocess.run(["sh", str(RENDER), "true"], env=env, check=True, timeout=30)
+    assert oct(rendered.stat().st_mode & 0o777) == "0o600"
+    text = rendered.read_text()
+    assert "_SHA256@" not in "".join(line for line in text.splitlines() if not line.startswith("#"))  # filled in
+    assert not any(pw in text for pw in PASSWORDS.values())  # hashes only
+    # Only this test's own inspector may read ACL LOG; it is not part of the shipped file.
+    rendered.write_text(text + "\nuser inspector on >inspector-pw ~* &* +@all\n")
+    server = EmbeddedRedis(tmp / "data", appendonly=False, extra_args=("--aclfile", str(rendered))).start()
+    yield server
+    server.stop()
+
+
+def url(server: EmbeddedRedis, who: str) -> str:
+    return f"redis://{USERS[who]}:{PASSWORDS[who]}@127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture(scope="module")
+def inspector(acl_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
+    r = redis.Redis(port=acl_redis.port, username="inspector", password="inspector-pw", decode_responses=True)
+    yield r
+    r.close()
+
+
+def denials(inspector: redis.Redis) -> list[dict]:
+    return [e for e in inspector.acl_log() if e.get("username") != "inspector"]
+
+
+def webhook(g: Gunicorn, status: str = "firing", **labels: str) -> dict:
+    """One alert through POST /webhook; the one record it made."""
+    body = copy.deepcopy(load_fixture("firing_single.json"))
+    a = body["alerts"][0]
+    a["labels"] = {"severity": "critical", **labels}
+    a["fingerprint"] = labels["alertname"].encode().hex()[:16]
+    a["status"] = body["status"] = status
+    if status == "resolved":
+        a["endsAt"] = "2099-01-01T00:00:00Z"
+    resp = requests.post(g.url + "/webhook", json=body, headers=AUTH, timeout=10)
+    assert resp.status_code == 200, resp.text
+    [rec] = resp.json()["remediations"]
+    return dict(rec)
+
+
+def test_redis_loads_the_acl_file_and_no_user_may_run_admin_or_keyspace_wide_commands(acl_redis, inspector) -> None:
+    users = set(inspector.acl_users())
+    assert users == {"default", "trainmedic", "trainmedic-agent", "trainmedic-trainer", "inspector"}
+    default = inspector.acl_getuser("default")
+    assert not default["keys"] and not default["channels"] and "nopass" in default["flags"]
+    # No user may run admin, configuration, keyspace-wide or free-form script commands (ACL DRYRUN asks Redis).
+    forbidden = [["FLUSHALL"], ["FLUSHDB"], ["KEYS", "*"], ["SCAN", "0"], ["CONFIG", "SET", "appendonly", "no"],
+                 ["EVAL", "return 1", "0"], ["SCRIPT", "FLUSH"], ["FUNCTION", "FLUSH"], ["DEBUG", "SLEEP", "0"],
+                 ["SHUTDOWN"], ["ACL", "LIST"], ["CLIENT", "KILL", "ID", "1"], ["CLIENT", "LIST"], ["MONITOR"],
+                 ["SAVE"], ["BGREWRITEAOF"], ["REPLICAOF", "NO", "ONE"], ["MODULE", "LIST"], ["MIGRATE", "h", "1",
+                 "trainmedic:x", "0", "1"], ["RENAME", "trainmedic:a", "trainmedic:b"], ["OBJECT", "ENCODING", "x"]]
+    for user in USERS.values():
+        for cmd in forbidden:
+            answer = inspector.execute_command("ACL", "DRYRUN", user, *cmd)
+            assert answer != "OK", (user, cmd)
+    # The default user, as anyone reaching the port is, may PING and nothing else.
+    anyone = redis.Redis(port=acl_redis.port, decode_responses=True)
+    assert anyone.ping()
+    for call in (lambda: anyone.get("trainmedic:history"), lambda: anyone.keys("*"), lambda: anyone.flushall()):
+        with pytest.raises(NoPermissionError):
+            call()
+    anyone.close()
+    inspector.acl_log_reset()
+
+
+def test_the_real_flow_runs_with_each_sides_own_user_and_redis_denies_none_of_it(
+        acl_redis, inspector, nvml_lib: Path, nvml_state: Any, tmp_path: Path) -> None:
+    inspector.acl_log_reset()
+    g = Gunicorn({"TRAINMEDIC_REDIS_URL": url(acl_redis, "SERVICE")}, 2, tmp_path)
+    root = tmp_path / "checkpoints"
+    old = []
+    for s in range(1, 6):
+        ckpt = root / "run" / f"checkpoint-{s}"
+        (ckpt).mkdir(parents=True)
+        (ckpt / "model.pt").write_bytes(b"x" * 1000)
+        for p in (ckpt / "model.pt", ckpt):
+            os.utime(p, (time.time() - (40 - s) * DAY,) * 2)
+        old.append(ckpt)
+    agent = AgentProcess(NODE, url(acl_redis, "AGENT"), tmp_path / "agent.log", allow_roots=[root],
+                         lib_dir=nvml_lib, state=nvml_state)
+    opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    rc = RemediationClient(job=JOB, redis_url=url(acl_redis, "TRAINER"), optimizer=opt, heartbeat_interval=0.2,
+                           verify_key=VERIFY_KEY)
+    rc.register("rollback_checkpoint", lambda params: {"restored_step": 0})  # the shipped loss-spike's first step
+    service = redis.Redis.from_url(url(acl_redis, "SERVICE"), decode_responses=True)
+    steps = iter(range(10**6))
+    try:
+        agent.wait_ready(service)
+        beat = keys.heartbeat(keys.Target("job", JOB))
+        jobs.wait_until(lambda: "rollback_checkpoint" in json.loads(service.get(beat) or "{}").get("actions", []),
+                        what="the trainer's heartbeat")
+        # The webhook (service user) dispatches; the trainer user applies scale_lr ...
+        lr_rec = webhook(g, alertname="TrainingLossSpike", job_name=JOB)
+        assert lr_rec["status"] == "dispatched"
+        done = jobs.wait_record(service, lr_rec["id"], tick=lambda: rc.poll(step=next(steps)))
+        assert done["status"] == "applied" and opt.param_groups[0]["lr"] == pytest.approx(0.05)
+        # ... and the agent user applies disk_cleanup below its allow-root.
+        disk_rec = webhook(g, alertname="DiskSpaceLow", node=NODE)
+        assert disk_rec["status"] == "dispatched"
+        done = jobs.wait_record(service, disk_rec["id"], timeout=20)
+        assert done["status"] == "applied", done
+        assert [c.exists() for c in old] == [False, False, True, True, True]
+        # A GPU throttled, and put back when the alert resolves (on_resolved, the obligation's path) ...
+        hot = webhook(g, alertname="GPUTemperatureHigh", node=NODE, gpu_id="0")
+        assert jobs.wait_record(service, hot["id"])["status"] == "applied" and nvml_state.limit_w(0) == 560
+        cool = webhook(g, "resolved", alertname="GPUTemperatureHigh", node=NODE, gpu_id="0")
+        assert jobs.wait_record(service, cool["id"])["status"] == "applied" and nvml_state.limit_w(0) == 700
+        # ... a record held for approval and approved by a person ...
+        held = webhook(g, alertname="GPUXidError", node=NODE, gpu_id="0")
+        assert held["status"] == "pending_approval"
+        resp = requests.post(f"{g.url}/remediations/{held['id']}/approve", json={}, headers=OP_AUTH, timeout=10)
+        assert resp.status_code == 200 and resp.json()["approved_by"] == "operator"
+        # ... and a command that expires.
+        resp = requests.post(g.url + "/commands", headers=OP_AUTH, timeout=10, json={
+            "target": f"job:{JOB}", "action": "set_lr", "params": {"lr": 0.01}, "expire_after": "500ms"})
+        assert resp.status_code == 201, resp.text
+        short = resp.json()["id"]
+        time.sleep(1.0)
+        expired = jobs.wait_record(service, short, tick=lambda: rc.poll(step=next(steps)), timeout=20)
+        assert expired["status"] == "expired"
+        # What people read: history, targets, metrics, pages.
+        for path in ("/history", "/targets", "/metrics", "/", f"/targets/job/{JOB}", "/readyz"):
+            assert requests.get(g.url + path, timeout=10).status_code == 200, path
+        assert {(t["kind"], t["name"]) for t in requests.get(g.url + "/targets", timeout=10).json()["targets"]} == {
+            ("job", JOB), ("node", NODE)}
+        assert denials(inspector) == [], denials(inspector)
+    finally:
+        rc.close()
+        agent.stop()
+        g.stop()
+        service.close()
+    assert "NOPERM" not in agent.log() and "NOPERM" not in (tmp_path / f"gunicorn-{g.port}.log").read_text()
+    assert denials(inspector) == []  # nor while stopping
+
+
+def refused(call: Any) -> bool:
+    try:
+        call()
+    except NoPermissionError:
+        return True
+    return False
+
+
+def test_a_trainer_cannot_read_or_write_node_keys_nor_xadd_into_a_node_mailbox(acl_redis, inspector) -> None:
+    trainer = redis.Redis.from_url(url(acl_redis, "TRAINER"), decode_responses=True)
+    node = keys.Target("node", NODE)
+    rid = "01ARZ3NDEKTSV4RRFFQ69G5FAV~node~" + NODE
+    try:
+        calls = {
+            "XADD into a node's mailbox": lambda: trainer.xadd(keys.mailbox(node), {"c": "{}", "s": ""}),
+            "read a node's mailbox": lambda: trainer.xrange(keys.mailbox(node)),
+            "move a node's cursor": lambda: trainer.set(keys.cursor(node), "9999999999999-0"),
+            "read a node's record": lambda: trainer.hget(keys.record(rid), "status"),
+            "write a node's record": lambda: trainer.hset(keys.record(rid), "a:0:status", "pending"),
+            "forge a node's heartbeat": lambda: trainer.set(keys.heartbeat(node), "{}"),
+            "change the remembered power limits": lambda: trainer.hset(keys.power_memory(NODE), "GPU-0", "1"),
+            "wake a node's agent": lambda: trainer.publish(keys.wake_channel(node), "x"),
+            "list the history": lambda: trainer.zrange(keys.HISTORY, 0, -1),
+            "add to the history": lambda: trainer.zadd(keys.HISTORY, {rid: 0}),
+            "add to the approvals": lambda: trainer.zadd(keys.APPROVALS, {rid: 0}),
+            "take the reconciler's lease": lambda: trainer.set(keys.RECONCILER_LEASE, "me"),
+            "list every key": lambda: trainer.keys("*"),
+            "scan the keyspace": lambda: trainer.scan(0),
+            "flush everything": lambda: trainer.flushall(),
+            "reconfigure Redis": lambda: trainer.config_set("appendonly", "no"),
+            "run any Lua": lambda: trainer.eval("return 1", 0),
+            "delete its own records": lambda: trainer.delete(keys.record(f"01ARZ3NDEKTSV4RRFFQ69G5FAV~job~{JOB}")),
+        }
+        allowed = [what for what, call in calls.items() if not refused(call)]
+        assert allowed == [], allowed
+        with pytest.raises(NoPermissionError):  # nor listen to a node's wake-ups
+            p = trainer.pubsub()
+            p.subscribe(keys.wake_channel(node))
+            p.get_message(timeout=1)
+        # What it does need still works: its own mailbox (a release re-offers into it) and the global three.
+        job = keys.Target("job", JOB)
+        assert trainer.xadd(keys.mailbox(job), {"c": "x"}) and trainer.xrange(keys.mailbox(job))
+        assert trainer.zadd(keys.TARGETS, {"job:" + JOB: time.time()}) is not None
+    finally:
+        trainer.close()
+
+
+def test_an_agent_cannot_touch_job_keys(acl_redis, inspector) -> None:
+    agent = redis.Redis.from_url(url(acl_redis, "AGENT"), decode_responses=True)
+    job = keys.Target("job", JOB)
+    rid = f"01ARZ3NDEKTSV4RRFFQ69G5FAV~job~{JOB}"
+    try:
+        calls = {
+            "XADD into a job's mailbox": lambda: agent.xadd(keys.mailbox(job), {"c": "{}", "s": ""}),
+            "read a job's mailbox": lambda: agent.xrange(keys.mailbox(job)),
+            "move a job's cursor": lambda: agent.set(keys.cursor(job), "9999999999999-0"),
+            "read a job's record": lambda: agent.hget(keys.record(rid), "status"),
+            "write a job's record": lambda: agent.hset(keys.record(rid), "a:0:status", "pending"),
+            "rewrite a job's ledger": lambda: agent.rpush(keys.ledger(job), "{}"),
+            "read a job's ledger": lambda: agent.lrange(keys.ledger(job), 0, -1),
+            "forge a job's heartbeat": lambda: agent.set(keys.heartbeat(job), "{}"),
+            "wake a job": lambda: agent.publish(keys.wake_channel(job), "x"),
+            "list the history": lambda: agent.zrange(keys.HISTORY, 0, -1),
+            "list every key": lambda: agent.keys("*"),
+            "flush everything": lambda: agent.flushall(),
+        }
+        allowed = [what for what, call in calls.items() if not refused(call)]
+        assert allowed == [], allowed
+        assert {e["username"] for e in denials(inspector)} <= {"trainmedic-trainer", "trainmedic-agent", "default"}
+        # Its own node's keys it may use.
+        assert agent.set(keys.cursor(keys.Target("node", NODE)), "0-0")
+    finally:
+        agent.close()
+    assert records.get(redis.Redis.from_url(url(acl_redis, "SERVICE"), decode_responses=True), rid) is None
+
+
+def test_serve_never_prints_the_redis_password_or_the_operator_token_it_was_given(acl_redis, tmp_path: Path) -> None:
+    # Its output ends up in container logs: only what it made itself (an embedded Redis, a token) is printed.
+    import signal
+    import sys
+
+    from trainmedic.service.embedded_redis import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
+    env.update(TRAINMEDIC_REDIS_URL=url(acl_redis, "SERVICE"), TRAINMEDIC_OPERATOR_TOKEN=OPERATOR,
+               TRAINMEDIC_SIGNING_KEY=SIGNING_KEY, TRAINMEDIC_WEBHOOK_TOKEN="a-webhook-token-for-this-test")
+    cli = [sys.executable, "-m", "trainmedic.service.cli", "serve", "--no-agent", "--workers", "1",
+           "--data-dir", str(tmp_path / "data")]
+    proc = subprocess.Popen([*cli, "--port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT, env=env)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        while not any("max_alerts: 0" in line for line in lines):  # the last line it prints at start
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        lines.append(proc.communicate(timeout=30)[0])
+    out = "".join(lines)
+    assert PASSWORDS["SERVICE"] not in out and OPERATOR not in out, out
+    assert f"redis://trainmedic:***@127.0.0.1:{acl_redis.port}/0" in out and "TRAINMEDIC_VERIFY_KEY=" in out
+    # Nor when Redis cannot be reached.
+    wrong = f"redis://trainmedic:{PASSWORDS['SERVICE']}@127.0.0.1:{free_port()}/0"
+    failed = subprocess.run([*cli, "--port", str(free_port()), "--redis-url", wrong], capture_output=True,
+                            text=True, cwd=ROOT, env=env, timeout=60)
+    assert failed.returncode == 1 and PASSWORDS["SERVICE"] not in failed.stdout + failed.stderr
+    assert failed.stderr.startswith("trainmedic: cannot reach Redis at redis://trainmedic:***@"), failed.stderr
+
+
+def test_docker_compose_gives_each_service_its_own_redis_user_with_its_password_from_env() -> None:
+    import fnmatch
+    from urllib.parse import urlsplit
+
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    redis_svc = compose["redis"]
+    argv = redis_svc["command"]
+    aclfile = argv[argv.index("--aclfile") + 1]
+    mount = {t: s for s, t, *_ in (v.split(":") for v in redis_svc["volumes"])}
+    [render] = [a for a in redis_svc["entrypoint"] if a.endswith("render-acl.sh")]
+    assert mount[str(Path(render).parent)] == "./config/redis" and (ROOT / "config/redis/render-acl.sh").is_file()
+    assert redis_svc["environment"]["TRAINMEDIC_ACL_TEMPLATE"] == str(Path(render).parent / "users.acl")
+    assert aclfile == "/tmp/users.acl" and argv[:2] == ["docker-entrypoint.sh", "redis-server"]
+    for who in USERS:
+        var = f"TRAINMEDIC_REDIS_{who}_PASSWORD"
+        assert redis_svc["environment"][var].startswith(f"${{{var}:?")  # compose stops when it is not set
+        assert f"{var}=" in (ROOT / ".env.example").read_text()
+    for name, who in (("trainmedic", "SERVICE"), ("agent", "AGENT"), ("trainer", "TRAINER")):
+        raw = compose[name]["environment"]["TRAINMEDIC_REDIS_URL"]
+        url = urlsplit(raw)
+        assert (url.username, url.password, url.hostname) == (USERS[who], f"${{TRAINMEDIC_REDIS_{who}_PASSWORD}}",
+                                                              "redis"), name
+        assert not any("redis://" in str(a) for a in compose[name]["command"]), name  # never on a command line
+    for ignore in (".gitignore", ".dockerignore"):
+        lines = [x.strip().lstrip("/") for x in (ROOT / ignore).read_text().splitlines()]
+        assert any(x and not x.startswith("#") and fnmatch.fnmatch(".env", x) for x in lines), ignore
+
+
+def test_render_acl_refuses_to_start_redis_without_a_password(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
+    env.update(TRAINMEDIC_ACL_TEMPLATE=str(ACL), TRAINMEDIC_ACL_OUT=str(tmp_path / "users.acl"),
+               TRAINMEDIC_REDIS_SERVICE_PASSWORD="x", TRAINMEDIC_REDIS_AGENT_PASSWORD="y")
+    out = subprocess.run(["sh", str(RENDER), "touch", str(tmp_path / "started")], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 1 and not (tmp_path / "started").exists()
+    assert out.stderr.strip() == ("render-acl: TRAINMEDIC_REDIS_TRAINER_PASSWORD is not set (docker-compose.yml "
+                                  "takes it from .env; see .env.example)")
