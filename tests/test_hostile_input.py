@@ -248,8 +248,13 @@ case("target page: a name with a slash is no page", "GET", "/targets/job/a%2Fb",
 for v in [*ODD_DIGITS, "\x00", "jobs"]:
     case(f"target page: kind {v!r}", "GET", f"/targets/{seg(v)}/x", 404, None, "There is no target")
 
+# -- GET /records/{id} (HTML): any id that is not a record's is a page saying so
+for v in [*ODD_DIGITS, *CONTROL, "x" * 200, "..", "01ARZ3NDEKTSV4RRFFQ69G5FAV~job~x"]:
+    case(f"record page: {v[:12]!r}", "GET", f"/records/{seg(v).replace('.', '%2E')}", 404, None,
+         "There is no remediation")
+
 # -- endpoints without parameters: hostile query strings are ignored
-for path in ("/targets", "/healthz", "/readyz", "/metrics", "/openapi.json"):
+for path in ("/targets", "/playbooks", "/healthz", "/readyz", "/metrics", "/openapi.json"):
     for name, value in [("limit", "²"), ("x", "\x00\r\n"), ("NaN", "1e999"), ("x" * 1000, "y" * 2000)]:
         case(f"{path}: ?{name[:10]!r}={value[:10]!r} is ignored", "GET", path + q(**{name: value}), 200)
 
@@ -359,7 +364,8 @@ def test_every_endpoint_of_the_openapi_document_is_in_the_table(service: Service
         path = c.path.split("?")[0]
         for pattern, name in ((r"^/remediations/[^/]+/(approve|reject)$", r"/remediations/{id}/\1"),
                               (r"^/remediations/[^/]+$", "/remediations/{id}"),
-                              (r"^/targets/[^/]+/[^/]+$", "/targets/{kind}/{name}")):
+                              (r"^/targets/[^/]+/[^/]+$", "/targets/{kind}/{name}"),
+                              (r"^/records/[^/]+$", "/records/{id}")):
             if re.match(pattern, path) and path != "/remediations":
                 path = re.sub(pattern, name, path)
         return c.method, path

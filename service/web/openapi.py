@@ -156,6 +156,26 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["targets"],
         "properties": {"targets": {"type": "array", "items": _ref("LiveTarget")}},
     },
+    "Playbooks": {
+        "type": "object", "required": ["items"],
+        "properties": {"items": {"type": "array", "items": _ref("PlaybookSummary")}},
+    },
+    "PlaybookSummary": {
+        "type": "object", "required": ["name", "settings", "outcomes", "time_to_resolve_s"],
+        "properties": {
+            "name": {"type": "string"},
+            "settings": {"type": "object", "additionalProperties": True,
+                         "description": "The playbook as loaded: durations in seconds, a notify URL as its host only."},
+            "outcomes": {"type": "object", "required": list(OUTCOME_NAMES),
+                         "properties": {o: {"type": "integer", "minimum": 0} for o in OUTCOME_NAMES},
+                         "description": "Records per outcome over the last 30 days."},
+            "time_to_resolve_s": {
+                "type": "object", "required": ["median", "p90"],
+                "properties": {"median": {"type": "number", "nullable": True},
+                               "p90": {"type": "number", "nullable": True}},
+                "description": "From the last ack to the alert's end, over the effective records of 30 days."},
+        },
+    },
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["ok"]}}},
     "Ready": {
         "type": "object", "required": ["status", "redis", "playbooks"],
@@ -269,6 +289,18 @@ def _paths() -> dict:
                           "404": _error("No such record."),
                           "409": _error("The record is not pending approval, or its approval time has passed."),
                           **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/playbooks": {"get": {
+            "summary": "The loaded playbooks with their outcomes over 30 days", "operationId": "listPlaybooks",
+            "tags": ["playbooks"],
+            "responses": {"200": _json(_ref("Playbooks"), "Each loaded playbook."), "503": REDIS_DOWN},
+        }},
+        "/records/{id}": {"get": {
+            "summary": "One record's page: its outcome, ladder, the metric around it, approve and reject",
+            "operationId": "recordPage", "tags": ["pages"], "parameters": [rid],
+            "responses": {"200": {"description": "HTML.", "content": HTML},
+                          "404": {"description": "No such record.", "content": HTML}, **TOO_LONG,
+                          "503": REDIS_DOWN},
         }},
         "/targets": {"get": {
             "summary": "Live training clients and node agents", "operationId": "listTargets", "tags": ["targets"],
