@@ -47,7 +47,11 @@ def run(argv: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return yaml.safe_load(compose_text())
+
+
+def compose_text() -> str:
+    return (ROOT / "docker-compose.yml").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -205,15 +209,13 @@ def test_every_file_and_folder_the_compose_file_mounts_or_builds_exists(compose:
             assert (ROOT / build["context"] / build.get("dockerfile", "Dockerfile")).is_file(), name
             stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M | re.I)
             assert build["target"] in stages, f"{name}: no Dockerfile stage {build['target']}"
+    ignore = [line.strip().lstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()]
+    assert (ROOT / f"{TOKEN_FILE}.example").is_file()
     for name, secret in compose["secrets"].items():
+        # The user creates every secret (README, and the compose file's first lines); git ignores them all.
         path = secret["file"].removeprefix("./")
-        if path == TOKEN_FILE:
-            # The user creates the live token (README); the repository ships an example and ignores the real one.
-            assert (ROOT / f"{TOKEN_FILE}.example").is_file()
-            ignore = [line.strip().lstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()]
-            assert any(line and fnmatch.fnmatch(TOKEN_FILE, line) for line in ignore), f"{TOKEN_FILE} not ignored"
-        else:
-            assert (ROOT / path).is_file(), name
+        assert any(line and fnmatch.fnmatch(path, line) for line in ignore), f"{path} not ignored"
+        assert path in compose_text(), path
     named = set(compose.get("volumes") or {})
     for name, svc in compose["services"].items():
         for source, _ in binds(svc):
@@ -237,9 +239,15 @@ def test_the_service_runs_gunicorn_through_trainmedic_serve_with_its_token_from_
     assert args.redis_url is None  # its URL holds a password: in the environment, never on the command line
     url = urlsplit(svc["environment"]["TRAINMEDIC_REDIS_URL"])
     assert url.scheme == "redis" and url.hostname in compose["services"] and url.port == 6379
-    token_file = svc["environment"]["TRAINMEDIC_WEBHOOK_TOKEN_FILE"]
-    [secret] = svc["secrets"]
-    assert token_file == f"/run/secrets/{secret}" and secret in compose["secrets"]
+    env = svc["environment"]
+    # Every secret from a file under /run/secrets, none in the environment itself.
+    assert {env[f"TRAINMEDIC_{k}_FILE"] for k in ("WEBHOOK_TOKEN", "OPERATOR_TOKEN", "SIGNING_KEY")} == {
+        f"/run/secrets/{s}" for s in svc["secrets"]}
+    assert set(svc["secrets"]) <= set(compose["secrets"]) and "verify_key" not in svc["secrets"]
+    assert not {"TRAINMEDIC_WEBHOOK_TOKEN", "TRAINMEDIC_OPERATOR_TOKEN", "TRAINMEDIC_SIGNING_KEY"} & set(env)
+    assert urlsplit(env["TRAINMEDIC_ALERTMANAGER_URL"]).hostname in compose["services"]
+    assert urlsplit(env["TRAINMEDIC_PROMETHEUS_URL"]).hostname in compose["services"]
+    assert "trainmedic" in env["TRAINMEDIC_ALLOWED_HOSTS"].split(",")  # Alertmanager's Host header
     assert any(target == args.playbooks and (ROOT / source).is_dir() for source, target in binds(svc))
     assert f"{args.port}:{args.port}" in svc["ports"]
 
@@ -260,6 +268,11 @@ def test_the_agent_gets_the_gpus_the_driver_library_and_its_allow_root(compose: 
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")  # libnvidia-ml.so for NVML
     assert args.redis_url is None and urlsplit(env["TRAINMEDIC_REDIS_URL"]).hostname in compose["services"]
+    # Agent and trainer verify with the public half only; the signing key stays with the service.
+    for name in ("agent", "trainer"):
+        who = compose["services"][name]
+        assert who["secrets"] == ["verify_key"] and who["environment"]["TRAINMEDIC_VERIFY_KEY_FILE"] == \
+            "/run/secrets/verify_key"
 
 
 def test_the_agent_node_name_is_the_one_the_exporters_report(compose: dict) -> None:
@@ -285,7 +298,8 @@ def test_alertmanager_posts_to_the_trainmedic_service_webhook_with_a_bearer_toke
     am = compose["services"]["alertmanager"]
     [secret] = am["secrets"]
     assert auth["credentials_file"] == f"/run/secrets/{secret}"
-    assert compose["services"]["trainmedic"]["secrets"] == [secret]  # both read the same token
+    svc = compose["services"]["trainmedic"]
+    assert svc["environment"]["TRAINMEDIC_WEBHOOK_TOKEN_FILE"] == f"/run/secrets/{secret}"  # the same token
     assert ("./config/alertmanager.yml", option(am["command"], "--config.file")) in binds(am)
 
 
