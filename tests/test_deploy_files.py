@@ -211,7 +211,7 @@ def test_every_file_and_folder_the_compose_file_mounts_or_builds_exists(compose:
             assert build["target"] in stages, f"{name}: no Dockerfile stage {build['target']}"
     ignore = [line.strip().lstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()]
     assert (ROOT / f"{TOKEN_FILE}.example").is_file()
-    for name, secret in compose["secrets"].items():
+    for secret in compose["secrets"].values():
         # The user creates every secret (README, and the compose file's first lines); git ignores them all.
         path = secret["file"].removeprefix("./")
         assert any(line and fnmatch.fnmatch(path, line) for line in ignore), f"{path} not ignored"
