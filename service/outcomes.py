@@ -32,12 +32,14 @@ def note(r: Any, playbook: str, record_id: str, status: str, now: float, time_to
     pipe.zadd(key, {record_id: ms})
     pipe.zremrangebyscore(key, "-inf", ms - int(WINDOW * 1000))
     pipe.zremrangebyrank(key, 0, -SET_CAP - 1)
+    pipe.pexpire(key, int(WINDOW * 1000))  # a playbook that is gone takes its sets with it
     pipe.hincrby(keys.OUTCOME_COUNTS, f"{playbook}|{status}", 1)
     if status == "effective" and time_to_resolve is not None:
         times = keys.resolve_times(playbook)
         pipe.zadd(times, {f"{record_id}|{time_to_resolve:.3f}": ms})
         pipe.zremrangebyscore(times, "-inf", ms - int(WINDOW * 1000))
         pipe.zremrangebyrank(times, 0, -SET_CAP - 1)
+        pipe.pexpire(times, int(WINDOW * 1000))
         slot = next((i for i, le in enumerate(RESOLVE_BUCKETS) if time_to_resolve <= le), len(RESOLVE_BUCKETS))
         pipe.hincrby(keys.RESOLVE_HISTOGRAM, f"{playbook}|{slot}", 1)
         pipe.hincrbyfloat(keys.RESOLVE_HISTOGRAM, f"{playbook}|sum", time_to_resolve)

@@ -37,6 +37,9 @@ GLOBALS = {
     keys.RESETS: "constant",
     # A hash of counts by refusal reason (bad_signature, unsigned, replayed): a few fields at most.
     keys.REJECTED: "constant",
+    # Counters for /metrics: a field per (playbook, outcome), and per (playbook, histogram bucket).
+    keys.OUTCOME_COUNTS: "constant",
+    keys.RESOLVE_HISTOGRAM: "constant",
 }
 NODES = [f"gpu-node-{i}" for i in range(4)]
 JOBS = [f"job-{i}" for i in range(5)]
