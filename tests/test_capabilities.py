@@ -145,3 +145,15 @@ def test_a_target_nobody_runs_is_no_live_target_until_a_process_takes_the_comman
     rec = wait_record(r, made["id"], done, tick=loop.tick)
     assert rec["status"] == "applied" and rec["reason"] is None
     loop.rc.close()
+
+
+def test_a_handler_registered_after_start_is_in_the_next_heartbeat_within_a_second(
+        r: redis.Redis, redis_url: str) -> None:
+    loop = Loop(redis_url, JOB, heartbeat_interval=30.0)  # the regular beat would be 30 s away
+    live(loop, r)
+    loop.rc.register("save_checkpoint", lambda params: {"path": "/tmp/x.pt"})
+    t0 = time.monotonic()
+    while "save_checkpoint" not in json.loads(r.get(keys.heartbeat(keys.Target("job", JOB))) or "{}")["actions"]:
+        assert time.monotonic() - t0 < 1.5, "the heartbeat did not list the new handler"
+        loop.tick()
+    loop.rc.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 from playwright.sync_api import Browser, Page, expect
 
 from trainmedic.client import RemediationClient
+from trainmedic.client.wire import keys
 
 from tests.conftest import load_fixture, post_json
 from tests.support.browser import Server, shot
@@ -67,6 +69,13 @@ def site(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Itera
     rc.register("rollback_checkpoint", lambda params: {"restored_step": 1200})
     rc.register("reduce_batch_size", lambda params: {"batch_size": 16})
     step = 0
+    # The service decides by what the job's heartbeat lists: wait until it lists the handlers just registered.
+    deadline = time.monotonic() + 10
+    while not {"rollback_checkpoint", "reduce_batch_size"} <= set(
+            json.loads(r.get(keys.heartbeat(keys.Target("job", "llama-ft-01"))) or "{}").get("actions", [])):
+        assert time.monotonic() < deadline, "the heartbeat never listed the handlers"
+        rc.poll(step=0)
+        time.sleep(0.05)
 
     def remediate(body: dict) -> None:
         """Send an alert and train until the client has applied and acked its command."""

@@ -78,6 +78,7 @@ class Inbox:
         self._out: queue.Queue[Outgoing | None] = queue.Queue()
         self._stop = threading.Event()
         self._ledger_wanted = threading.Event()
+        self._beat_now = threading.Event()
         self._lock = threading.Lock()
         self._failing: set[str] = set()  # which threads currently cannot reach Redis
         self._beaten = False  # whether this process has sent its first heartbeat
@@ -166,7 +167,8 @@ class Inbox:
                 woken = True
                 while not self._stop.is_set():
                     now = time.monotonic()
-                    if now - last_beat >= self.heartbeat_interval:
+                    if now - last_beat >= self.heartbeat_interval or self._beat_now.is_set():
+                        self._beat_now.clear()
                         mb.heartbeat(self._info(), first=not self._beaten)
                         self._beaten = True
                         last_beat = now
@@ -194,6 +196,10 @@ class Inbox:
                         pass
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.max_backoff)
+
+    def beat_soon(self) -> None:
+        """Send the next heartbeat at the loop's next turn (what it says changed: a handler was registered)."""
+        self._beat_now.set()
 
     def _info(self) -> dict[str, Any]:
         try:

@@ -96,6 +96,10 @@ class RemediationClient:
     def register(self, action: str, fn: Handler) -> None:
         """Register fn(params) -> result dict for an action; ValueError for an action that is not a job's."""
         self.applier.register(action, lambda inv: fn(inv.params))
+        # The heartbeat lists what this process can apply, and the service decides by it: say so soon.
+        inbox = getattr(self, "_inbox", None)
+        if inbox is not None:
+            inbox.beat_soon()
 
     def _builtin(self, fn: Callable[[RemediationClient, Invocation], Any]) -> Callable[[Invocation], Any]:
         return lambda inv: fn(self, inv)
