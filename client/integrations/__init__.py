@@ -1,8 +1,8 @@
 """Optional framework integrations; import the one you use (each needs its framework installed).
 
-    from client.integrations.transformers import TrainMedicCallback   # Hugging Face Trainer
-    from client.integrations.lightning import TrainMedicCallback      # PyTorch Lightning
+    from trainmedic.client.integrations.transformers import TrainMedicCallback   # Hugging Face Trainer
+    from trainmedic.client.integrations.lightning import TrainMedicCallback      # PyTorch Lightning
 
-This package imports neither framework itself, so `import client` stays light.
+This package imports neither framework itself, so `import trainmedic.client` stays light.
 """
 from __future__ import annotations

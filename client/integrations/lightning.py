@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 try:
@@ -9,17 +10,21 @@ try:
 except ImportError:  # the older standalone package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
 
+from . import _pl_checkpoints as ckpts
 from ._common import ClientHolder
+from ._rollback import SAVED_AT, choose, rolled_back
 
 
 class TrainMedicCallback(ClientHolder, Callback):
     """A Lightning Callback that runs a RemediationClient on trainer.optimizers and trainer.lr_scheduler_configs.
 
     save_checkpoint calls trainer.save_checkpoint (into checkpoint_dir, else the ModelCheckpoint folder,
-    else default_root_dir/checkpoints) and stop_training sets trainer.should_stop, unless you register
-    your own handler; every rank of a distributed run applies each command at the same global step.
-    What the client applied is saved in every checkpoint (Callback.state_dict) and restored by
-    `trainer.fit(ckpt_path=...)`, so a resume neither repeats a change nor loses one.
+    else default_root_dir/checkpoints), stop_training sets trainer.should_stop and rollback_checkpoint
+    restores model, optimizers, LR schedulers and precision (scaler) state from the newest .ckpt in those
+    folders saved before the alert began, going on with the next batches, unless you register your own
+    handler; every rank of a distributed run applies each command at the same global step.
+    What the client applied is saved in every checkpoint (Callback.state_dict, with the time it was saved)
+    and restored by `trainer.fit(ckpt_path=...)`, so a resume neither repeats a change nor loses one.
     """
 
     def __init__(self, job: str | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -32,7 +37,8 @@ class TrainMedicCallback(ClientHolder, Callback):
         self._trainer = trainer
         optimizers = list(trainer.optimizers)
         schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
-        self._attach(optimizers, schedulers, {"save_checkpoint": self._save, "stop_training": self._stop})
+        self._attach(optimizers, schedulers, {"save_checkpoint": self._save, "stop_training": self._stop,
+                                              "rollback_checkpoint": self._rollback})
 
     def _folder(self) -> str:
         if self.checkpoint_dir is not None:
@@ -53,8 +59,29 @@ class TrainMedicCallback(ClientHolder, Callback):
         self._trainer.should_stop = True
         return {"should_stop": True, "step": int(self._trainer.global_step)}
 
+    def _folders(self) -> list[str]:
+        """Every folder this run's checkpoints go to: checkpoint_dir, each ModelCheckpoint's, the default."""
+        out = [os.fspath(self.checkpoint_dir)] if self.checkpoint_dir is not None else []
+        for cb in getattr(self._trainer, "checkpoint_callbacks", None) or []:
+            if getattr(cb, "dirpath", None):
+                out.append(str(os.fspath(cb.dirpath)))
+        out.append(os.path.join(self._trainer.default_root_dir, "checkpoints"))
+        return list(dict.fromkeys(out))
+
+    def _rollback(self, params: dict[str, Any]) -> dict[str, Any]:
+        client = self.client
+        assert client is not None  # a handler runs inside the client's poll
+        before = client.alert_start if client.alert_start is not None else time.time()
+        step = int(self._trainer.global_step)
+        found = ckpts.checkpoints(self._folders(), self.state_key, step)
+        chosen = choose(found, before, " or ".join(self._folders()))
+        saved = ckpts.restore(self._trainer, chosen.path, self.state_key)
+        client.rolled_back_to(saved)
+        return rolled_back(chosen, step).result()
+
     def state_dict(self) -> dict[str, Any]:
-        return {"trainmedic": self.trainmedic_state()}
+        # Lightning asks for this as it saves a checkpoint: the stamp rollback_checkpoint chooses by.
+        return {"trainmedic": self.trainmedic_state(), SAVED_AT: time.time()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.restore(state_dict.get("trainmedic"))

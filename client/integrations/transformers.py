@@ -1,31 +1,40 @@
 """Hugging Face Trainer integration: apply trainmedic commands at every optimizer step (on_step_end)."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from . import _hf_checkpoints as ckpts
 from ._common import ClientHolder
+from ._rollback import choose, rolled_back
 
 
 class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
     """A TrainerCallback that runs a RemediationClient on the Trainer's optimizer and LR scheduler.
 
-    save_checkpoint sets control.should_save and stop_training sets control.should_training_stop
-    (unless you register your own handler for them); every rank of a distributed run applies each
-    command at the same global step. What the client applied is saved with every checkpoint (in
-    trainer_state.json, as an ExportableState) and restored by `trainer.train(resume_from_checkpoint=...)`.
+    save_checkpoint sets control.should_save, stop_training sets control.should_training_stop and
+    rollback_checkpoint restores model, optimizer, scheduler and scaler from the newest output_dir/checkpoint-N
+    saved before the alert began, going on with the next batches (unless you register your own handler for
+    them); every rank of a distributed run applies each command at the same global step. What the client
+    applied is saved with every checkpoint (in trainer_state.json, as an ExportableState, with the time it was
+    saved) and restored by `trainer.train(resume_from_checkpoint=...)`.
     """
 
     def __init__(self, job: str | None = None, **client_kwargs: Any):
         super().__init__(job, **client_kwargs)
         self._want_save = False
         self._want_stop = False
+        self._args: Any = None
+        self._model: Any = None
 
     def state(self) -> dict[str, Any]:
         """What Trainer._save_checkpoint writes into trainer_state.json for this callback."""
-        return {"args": {"job": self.job}, "attributes": {"_trainmedic_saved": self.trainmedic_state()}}
+        # The Trainer asks for this as it saves a checkpoint: the stamp rollback_checkpoint chooses by.
+        return {"args": {"job": self.job}, "attributes": {"_trainmedic_saved": self.trainmedic_state(),
+                                                          ckpts.SAVED_AT_ATTR: time.time()}}
 
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                        lr_scheduler: Any = None, **kwargs: Any) -> None:
@@ -34,7 +43,9 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         saved = saved[-1] if isinstance(saved, list) and saved else saved
         if isinstance(saved, dict):
             self.restore((saved.get("attributes") or {}).get("_trainmedic_saved"))
-        self._attach(optimizer, lr_scheduler, {"save_checkpoint": self._save, "stop_training": self._stop})
+        self._args, self._model = args, kwargs.get("model")
+        self._attach(optimizer, lr_scheduler, {"save_checkpoint": self._save, "stop_training": self._stop,
+                                               "rollback_checkpoint": self._rollback})
 
     def _save(self, params: dict[str, Any]) -> dict[str, Any]:
         self._want_save = True
@@ -43,6 +54,17 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
     def _stop(self, params: dict[str, Any]) -> dict[str, Any]:
         self._want_stop = True
         return {"control": "should_training_stop", "step": self.client.step if self.client else None}
+
+    def _rollback(self, params: dict[str, Any]) -> dict[str, Any]:
+        client = self.client
+        assert client is not None  # a handler runs inside the client's poll
+        ckpts.check_supported(self._args)
+        before = client.alert_start if client.alert_start is not None else time.time()
+        found = ckpts.checkpoints(self._args.output_dir, type(self).__name__, client.step)
+        chosen = choose(found, before, self._args.output_dir)
+        saved = ckpts.restore(chosen.path, self._model, client.optimizer, client.scheduler, type(self).__name__)
+        client.rolled_back_to(saved)
+        return rolled_back(chosen, client.step).result()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.client is None:

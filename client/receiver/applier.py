@@ -93,6 +93,8 @@ class Applier:
         self.fence = fence
         self.hint = hint  # appended to "no handler" messages: how to add one on this side
         self._handlers: dict[str, Handler] = {}
+        # The action a handler is running now, for what its params do not carry (the alert's startsAt).
+        self.current: Invocation | None = None
 
     def register(self, action: str, handler: Handler) -> None:
         """Handle `action` with handler(invocation) -> result dict; ValueError for an action of another kind."""
@@ -156,8 +158,9 @@ class Applier:
             typed = spec.parse(call.params)
         except ParamError as exc:
             return "failed", "bad_params", {"error": f"Bad parameters for {call.action}: {exc}."}
+        self.current = Invocation(cmd, call.index, call.action, dict(call.params), typed, dict(cmd.context))
         try:
-            out = handler(Invocation(cmd, call.index, call.action, dict(call.params), typed, dict(cmd.context)))
+            out = handler(self.current)
         except ActionFailed as exc:
             return "failed", None, dict(finite(exc.result))
         except ActionSkipped as exc:
@@ -167,6 +170,8 @@ class Applier:
         except Exception as exc:  # a handler's bug is the handler's failure, never the loop's or the agent's
             log.debug("handler for %s raised", call.action, exc_info=True)
             return "failed", None, {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self.current = None
         if isinstance(out, dict):
             return "applied", None, dict(finite(out))
         return "applied", None, {} if out is None else {"value": finite(out)}

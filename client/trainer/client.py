@@ -14,13 +14,13 @@ from ..receiver.mailbox import Entry
 from ..settings import Settings
 from ..wire import keys
 from ..wire.actions import CATALOGUE
-from ..wire.protocol import Ack, Command, rfc3339
+from ..wire.protocol import Ack, Command, parse_rfc3339, rfc3339
 from ..wire.redis import redis_url
 from ..wire.signing import SigningError, verifier_from
 from . import lr as lrmod
 from .distributed import Delivery, Ranks, env_rank
 from .identity import job_name
-from .state import AppliedState
+from .state import STATE_VERSION, AppliedState
 
 log = logging.getLogger("trainmedic.client")
 
@@ -56,6 +56,8 @@ class RemediationClient:
         self._lock = threading.RLock()
         self._ranks = Ranks.detect()
         self._checked_ranks = self._ranks.world > 1
+        # One process, and its ranks looked at (at the first poll): poll() may answer an idle step at once.
+        self._solo = False
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         if self._ranks.world > 1:
             self.identity += f":{self._ranks.rank}"
@@ -116,11 +118,34 @@ class RemediationClient:
         if self._inbox is not None:
             self._inbox.want_ledger()
 
+    def rolled_back_to(self, state: Any) -> None:
+        """After restoring a checkpoint mid-run (rollback_checkpoint), merge what that checkpoint had applied.
+
+        Unlike load_state_dict nothing newer is forgotten, so no command is applied twice; the sticky LR
+        changes the checkpoint lacks are applied again at a coming poll, once the ledger is read (Guarantees 5).
+        """
+        undone = self.state.rolled_back_to(state if state else {"version": STATE_VERSION, "commands": []})
+        if undone and self._inbox is not None:
+            self._inbox.want_ledger()
+
+    @property
+    def alert_start(self) -> float | None:
+        """Inside a handler: when the alert behind its command began (startsAt, seconds since the epoch), or
+        when the command was issued if it came without an alert (`trainmedic send`); None elsewhere."""
+        inv = self.applier.current
+        if inv is None:
+            return None
+        started = parse_rfc3339(inv.command.starts_at)
+        return started if started is not None else inv.command.issued_at
+
     # -- the hot path
     def poll(self, step: int | None = None) -> list[Ack]:
         """Apply pending commands (never raises, never waits on the network); returns their acks."""
         if step is not None:
             self.step = step
+        # The idle step of a single process: two attribute reads, nothing else (the loop is sacred).
+        if self._solo and not self._ready:
+            return []
         try:
             if not self._checked_ranks:
                 self._late_ranks()
@@ -144,6 +169,7 @@ class RemediationClient:
         # The process group may have been initialised after this client was made: look once.
         self._checked_ranks = True
         ranks = Ranks.detect()
+        self._solo = ranks.world == 1
         if ranks.world > 1:
             self._ranks = ranks
             self.identity += f":{ranks.rank}"
