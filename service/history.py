@@ -1,19 +1,64 @@
-"""The history: remediation records newest first, with filters and a cursor."""
+"""The history: remediation records newest first, with filters and a cursor, answered from indexes.
+
+The index (CONTRACT "GET /history" v2: full pages, every record within retention listed and filterable):
+
+- Every record gets a sequence number when it is first indexed (HIST_SEQ, INCRBY); `keys.HISTORY` holds record
+  ids scored by it, and the record keeps it in its `seq` field.
+- Per segment of 2^16 sequence numbers, a bitmap per (field, value) says which records have it: status,
+  outcome (`none` for records without one), playbook and alertname (hashed, so a key stays short).
+- Per target, `{tag}:hist` holds the target's record ids by sequence number (the `target=` filter).
+- The scripts that make a record or change its status or outcome push its id to a journal (lua/common.lua
+  `hist_touch`): the global one on a single Redis, the target's own on Redis Cluster (a script may only touch
+  its slot), where whoever ran the script then names the target in `keys.HIST_DIRTY` (client/wire/redis.py
+  `mark_journaled`: the service, and trainers and agents for their claims and acks). `catch_up` (one indexer
+  at a time, under a lock) first moves the named targets' journals into the global one, then folds it into
+  the indexes, reading each record's current status and outcome, so the order in which changes were
+  journaled does not matter. Every query catches up before it answers, and so does every reconciler tick, so a
+  query sees every change made before it (a record is listed and filterable as soon as the webhook answered),
+  on any target, visited by the reconciler or not; the webhook itself never waits for the indexer.
+- Concurrency: the lock (LOCK_MS) is renewed between batches of DRAIN_BATCH entries. On a single Redis each
+  batch's writes are one MULTI/EXEC under WATCH of the lock, so a batch that stalled past LOCK_MS writes
+  nothing (the next indexer does it). On Redis Cluster (no transaction across slots) the lock is checked
+  between batches only: a batch that stalls past LOCK_MS can still overlap the next indexer's first batch
+  (both write the records' current state, but a new record could get two sequence numbers).
+- A query walks candidates newest first (the history, a target's set, or the AND of bitmaps segment by
+  segment), reads their records and checks each against the query (a stale bit can only add a candidate,
+  never hide one), until the page has `limit` records and one more says there is a next page.
+- Retention (`trim`, called by the reconciler) deletes the oldest records beyond the count, clears their
+  bits and target entries, sweeps records that expired by age out of the indexes, and drops whole segments
+  that hold no record any more.
+"""
 from __future__ import annotations
 
+import hashlib
+import heapq
+import itertools
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.records import OUTCOMES, RECORD_STATUSES, from_hash
+from trainmedic.client.wire.redis import is_cluster
 
 from .errors import BadRequest
 
 STATUSES = RECORD_STATUSES
 FILTERS = ("alertname", "playbook", "target", "status", "outcome")
 MAX_LIMIT = 500
-SCAN_CAP = 5000  # records examined per request when filters are sparse; the cursor continues from there
+SEG_BITS = 16
+SEG = 1 << SEG_BITS
+DRAIN_BATCH = 1000
+FORWARD_BATCH = 10_000  # entries moved from one target's journal at a time (Redis Cluster)
+LOCK_MS = 10_000
+# Records the retention sweep checks per tick for having expired by age (oldest first).
+SWEEP_PROBE = 1000
 
 
 @dataclass(frozen=True)
@@ -61,35 +106,392 @@ class Query:
                 and (self.outcome is None or (rec.get("outcome") or {}).get("status") == self.outcome)
                 and (self.target is None or self.target in (t.get("name"), f"{t['kind']}:{t.get('name')}")))
 
+    def bitmaps(self) -> list[tuple[str, str]]:
+        """(field, value) of the bitmaps this query ANDs (target= has its own index)."""
+        out = []
+        if self.status:
+            out.append(("s", self.status))
+        if self.outcome:
+            out.append(("o", self.outcome))
+        if self.playbook:
+            out.append(("p", _hashed(self.playbook)))
+        if self.alertname:
+            out.append(("a", _hashed(self.alertname)))
+        return out
+
+
+def _hashed(value: str) -> str:
+    return hashlib.blake2b(value.encode(), digest_size=8).hexdigest()
+
+
+def _mutable(h: dict[str, Any]) -> str:
+    """The index state of a record that may change: "status|outcome"."""
+    raw = h.get("outcome")
+    outcome = (json.loads(raw) or {}).get("status") if raw else None
+    return f"{h.get('status')}|{outcome or 'none'}"
+
+
+def _bits(seq: int, state: str, playbook: str | None, alertname: str | None) -> list[str]:
+    seg = seq >> SEG_BITS
+    status, outcome = state.split("|", 1)
+    out = [keys.hist_bitmap(seg, "s", status), keys.hist_bitmap(seg, "o", outcome)]
+    if playbook is not None:
+        out.append(keys.hist_bitmap(seg, "p", _hashed(playbook)))
+        out.append(keys.hist_bitmap(seg, "a", _hashed(alertname or "")))
+    return out
+
+
+# -- indexing ---------------------------------------------------------------------------------------------
+
+def catch_up(r: Any, wait: float = 1.0) -> int:
+    """Index what the journal holds (records made, statuses and outcomes changed); how many entries it took.
+    One indexer at a time: a caller that finds another one at work waits for it (up to `wait` seconds), so
+    that what was journaled before the call is indexed when it returns. On Redis Cluster it first moves the
+    journals of the targets named in keys.HIST_DIRTY into the global one."""
+    cluster = is_cluster(r)
+    if not _pending(r, cluster):
+        return 0
+    # On a single Redis the indexer empties the journal in the transaction that writes the indexes, so an
+    # empty journal means everything journaled before is indexed: a waiter may stop there. A cluster's
+    # pipeline spans nodes with no order between them: there, wait for the lock.
+    token = _lock(r, wait, until_empty=not cluster)
+    if token is None:
+        return 0
+    try:
+        return _fold(r, token, cluster)
+    finally:
+        _unlock(r, token)
+
+
+def _lock(r: Any, wait: float, until_empty: bool = False) -> str | None:
+    """Take the indexer's lock (waiting up to `wait` seconds): its token, or None."""
+    token = uuid.uuid4().hex
+    deadline = time.monotonic() + wait
+    while not r.set(keys.HIST_LOCK, token, nx=True, px=LOCK_MS):
+        if time.monotonic() > deadline or (until_empty and not r.llen(keys.HIST_JOURNAL)):
+            return None
+        time.sleep(0.002)
+    return token
+
+
+def _unlock(r: Any, token: str) -> None:
+    if r.get(keys.HIST_LOCK) == token:
+        r.delete(keys.HIST_LOCK)
+
+
+def _fold(r: Any, token: str, cluster: bool) -> int:
+    """Fold the journal into the indexes, holding the lock."""
+    done = 0
+    while True:
+        if cluster:
+            _forward_dirty(r)
+        n = _drain_batch(r, token, cluster)
+        if n <= 0:  # done, or the lock lapsed (a batch stalled past LOCK_MS): the next indexer goes on
+            return done
+        done += n
+        if r.get(keys.HIST_LOCK) != token:
+            return done
+        r.pexpire(keys.HIST_LOCK, LOCK_MS)
+
+
+def _pending(r: Any, cluster: bool) -> bool:
+    return bool(r.llen(keys.HIST_JOURNAL) or (cluster and r.exists(keys.HIST_DIRTY)))
+
+
+_LABEL = re.compile(r"^(job|node):([A-Za-z0-9_.:@-]{0,128})\Z")
+
+
+def _forward_dirty(r: Any) -> int:
+    """Redis Cluster: move the own journals of the targets named in keys.HIST_DIRTY to the global one (under
+    the indexer's lock). A target is unnamed before its journal is read, so one written meanwhile is named
+    again by its writer and moved next time."""
+    moved = 0
+    while True:
+        labels = r.srandmember(keys.HIST_DIRTY, 1000)
+        if not labels:
+            return moved
+        r.srem(keys.HIST_DIRTY, *labels)
+        targets = {m.group(0): keys.Target(m.group(1), m.group(2)) for m in map(_LABEL.match, labels) if m}
+        pipe = r.pipeline(transaction=False)
+        for t in targets.values():
+            pipe.lrange(keys.hist_journal(t), 0, FORWARD_BATCH - 1)
+        got = pipe.execute()
+        rids = [rid for ids in got for rid in ids]
+        if not rids:
+            continue
+        r.rpush(keys.HIST_JOURNAL, *rids)
+        pipe = r.pipeline(transaction=False)
+        for t, ids in zip(targets.values(), got):
+            if ids:
+                pipe.ltrim(keys.hist_journal(t), len(ids), -1)
+        full = [label for label, ids in zip(targets, got) if len(ids) == FORWARD_BATCH]
+        if full:  # more left: next round
+            pipe.sadd(keys.HIST_DIRTY, *full)
+        pipe.execute()
+        moved += len(rids)
+
+
+def _drain_batch(r: Any, token: str, cluster: bool) -> int:
+    """Fold up to DRAIN_BATCH journal entries; how many it took, or -1 when the lock was no longer ours."""
+    rids = r.lrange(keys.HIST_JOURNAL, 0, DRAIN_BATCH - 1)
+    if not rids:
+        return 0
+    uniq = [rid for rid in dict.fromkeys(rids) if keys.RECORD_ID_RE.match(rid)]
+    pipe = r.pipeline(transaction=False)
+    for rid in uniq:
+        pipe.hmget(keys.record(rid), "seq", "hx", "status", "outcome")
+        pipe.pttl(keys.record(rid))
+    got = pipe.execute()
+    rows, rttl = got[::2], dict(zip(uniq, (int(t) for t in got[1::2])))
+    new = [rid for rid, row in zip(uniq, rows) if row[2] is not None and row[0] is None]
+    info: dict[str, tuple[str, str]] = {}
+    if new:
+        pipe = r.pipeline(transaction=False)
+        for rid in new:
+            pipe.hmget(keys.record(rid), "playbook", "alert")
+        for rid, (pb, alert) in zip(new, pipe.execute()):
+            alertname = str((json.loads(alert) if alert else {}).get("alertname") or "")
+            info[rid] = (pb or "", alertname)
+        top = int(r.incrby(keys.HIST_SEQ, len(new)))
+        seqs = dict(zip(new, range(top - len(new) + 1, top + 1)))
+    if cluster:
+        pipe = r.pipeline(transaction=False)
+    else:
+        # One transaction, committed only if the lock stayed ours from the reads above to EXEC: a lock that
+        # lapsed before WATCH fails the GET, one that lapses (or is taken) after it aborts EXEC. So two
+        # indexers never both write, however long one stalls (the sequence numbers it took stay unused).
+        pipe = r.pipeline(transaction=True)
+        pipe.watch(keys.HIST_LOCK)
+        if pipe.get(keys.HIST_LOCK) != token:
+            pipe.reset()
+            return -1
+        pipe.multi()
+    segments: dict[int, set[str]] = {}
+    targets: dict[str, dict[str, int]] = {}
+    ttls: dict[str, int] = {}
+    history: dict[str, int] = {}
+    for rid, (seq, old, status, outcome) in zip(uniq, rows):
+        if status is None:
+            continue  # gone meanwhile: retention clears what it left
+        state = _mutable({"status": status, "outcome": outcome})
+        rkey = keys.record(rid)
+        if seq is None:
+            s = seqs[rid]
+            pb, alertname = info[rid]
+            bits = _bits(s, state, pb, alertname)
+            for k in bits:
+                pipe.setbit(k, s & (SEG - 1), 1)
+            segments.setdefault(s >> SEG_BITS, set()).update(bits)
+            pipe.hset(rkey, mapping={"seq": s, "hx": state})
+        else:
+            s = int(seq)
+        # Listed (again: idempotent, it heals a listing lost to a crash). A record that left the history has
+        # left Redis too (retention deletes it, or it expired), so it is never listed again.
+        history[rid] = s
+        tkey = keys.target_history(keys.target_of_record(rid))
+        targets.setdefault(tkey, {})[rid] = s
+        ttls[tkey] = max(ttls.get(tkey, 0), rttl[rid])
+        if seq is not None:
+            if old == state:
+                continue
+            if old:
+                for k in _bits(s, old, None, None):
+                    pipe.setbit(k, s & (SEG - 1), 0)
+            bits = _bits(s, state, None, None)
+            for k in bits:
+                pipe.setbit(k, s & (SEG - 1), 1)
+            segments.setdefault(s >> SEG_BITS, set()).update(bits)
+            pipe.hset(rkey, "hx", state)
+    if history:
+        pipe.zadd(keys.HISTORY, history)
+    for tkey, members in targets.items():
+        pipe.zadd(tkey, members)
+        if ttls[tkey] > 0:  # as long as its newest record lives (the sweep removes entries of older ones)
+            pipe.pexpire(tkey, ttls[tkey], nx=True)
+            pipe.pexpire(tkey, ttls[tkey], gt=True)
+    for seg, names in segments.items():
+        pipe.sadd(keys.hist_segment_keys(seg), *names)
+    pipe.ltrim(keys.HIST_JOURNAL, len(rids), -1)
+    try:
+        pipe.execute()
+    except redis.WatchError:
+        return -1
+    return len(rids)
+
+
+# -- retention ----------------------------------------------------------------------------------------------
+
+def trim(r: Any, keep: int, cap: int = 10_000) -> int:
+    """Delete the oldest records beyond `keep` (up to `cap` a call) and drop them from every index; drop from
+    the indexes the oldest records that expired by age. Returns how many records left the history.
+    It holds the indexer's lock meanwhile (after folding the journal), so no fold lists again a record it
+    deletes; when another indexer keeps the lock for seconds, it leaves retention to the next tick."""
+    token = _lock(r, 5.0)
+    if token is None:
+        return 0
+    try:
+        _fold(r, token, is_cluster(r))
+        return _trim(r, keep, cap)
+    finally:
+        _unlock(r, token)
+
+
+def _trim(r: Any, keep: int, cap: int) -> int:
+    excess = max(0, min(int(r.zcard(keys.HISTORY)) - keep, cap))
+    rows = r.zrange(keys.HISTORY, 0, max(excess, SWEEP_PROBE) - 1, withscores=True)
+    if not rows:
+        return 0
+    pipe = r.pipeline(transaction=False)
+    for rid, _ in rows:
+        pipe.hmget(keys.record(rid), "hx", "playbook", "alert")
+    got = pipe.execute()
+    pipe = r.pipeline(transaction=False)
+    seg_keys: dict[int, list[str]] = {}
+    gone = []
+    for i, ((rid, score), (state, pb, alert)) in enumerate(zip(rows, got)):
+        if i >= excess and state is not None:
+            continue  # within retention
+        seq = int(score)
+        if state is not None:
+            alertname = str((json.loads(alert) if alert else {}).get("alertname") or "")
+            bits = _bits(seq, state, pb or "", alertname)
+            pipe.delete(keys.record(rid))
+        else:  # expired by age: which bits it had is gone with it, so clear its bit in every bitmap of its segment
+            seg = seq >> SEG_BITS
+            if seg not in seg_keys:
+                seg_keys[seg] = list(r.smembers(keys.hist_segment_keys(seg)))
+            bits = seg_keys[seg]
+        for k in bits:
+            pipe.setbit(k, seq & (SEG - 1), 0)
+        pipe.zrem(keys.target_history(keys.target_of_record(rid)), rid)
+        gone.append(rid)
+    if gone:
+        pipe.zrem(keys.HISTORY, *gone)
+    pipe.execute()
+    _drop_segments(r)
+    return len(gone)
+
+
+def _drop_segments(r: Any) -> None:
+    """Delete whole segments older than the oldest record still listed."""
+    first = r.zrange(keys.HISTORY, 0, 0, withscores=True)
+    low = (int(first[0][1]) >> SEG_BITS) if first else (int(r.get(keys.HIST_SEQ) or 0) >> SEG_BITS)
+    for seg in range(low - 1, -1, -1):
+        skey = keys.hist_segment_keys(seg)
+        names = list(r.smembers(skey))
+        if not names:
+            break  # dropped before (segments go oldest first)
+        r.delete(*names, skey)
+
+
+# -- querying -------------------------------------------------------------------------------------------------
+
+def _zset_desc(r: Any, key: str, hi: int | None, batch: int) -> Iterator[tuple[int, str]]:
+    cur = f"({hi}" if hi is not None else "+inf"
+    while True:
+        rows = r.zrevrangebyscore(key, cur, "-inf", start=0, num=batch, withscores=True)
+        for rid, s in rows:
+            yield int(s), rid
+        if len(rows) < batch:
+            return
+        cur = f"({int(rows[-1][1])}"
+
+
+def _bitmap_desc(r: Any, names: list[tuple[str, str]], hi: int | None) -> Iterator[tuple[int, str | None]]:
+    """Sequence numbers whose bits are set in every named bitmap, newest first (their ids looked up later)."""
+    top = (hi - 1) if hi is not None else int(r.get(keys.HIST_SEQ) or 0)
+    if top < 0:
+        return
+    first = r.zrange(keys.HISTORY, 0, 0, withscores=True)
+    low = (int(first[0][1]) >> SEG_BITS) if first else 0
+    for seg in range(top >> SEG_BITS, low - 1, -1):
+        pipe = r.pipeline(transaction=False)
+        for field, value in names:
+            pipe.execute_command("GET", keys.hist_bitmap(seg, field, value), NEVER_DECODE=True)
+        raws = pipe.execute()
+        if any(not b for b in raws):
+            continue
+        width = min(len(b) for b in raws) * 8
+        x = -1
+        for b in raws:
+            x &= int.from_bytes(b[:width // 8], "big")
+        # Offsets below `limit` only (offset o is bit width-1-o of the integer).
+        limit = min(width, (top & (SEG - 1)) + 1) if seg == top >> SEG_BITS else width
+        x >>= width - limit
+        base = seg << SEG_BITS
+        while x:
+            low_bit = x & -x
+            yield base + limit - low_bit.bit_length(), None
+            x ^= low_bit
+
+
+def _targets(label: str) -> list[keys.Target]:
+    out = []
+    t = keys.parse_label(label)
+    if t is not None:
+        out.append(t)
+    if keys.TARGET_NAME_RE.match(label):
+        out += [keys.Target(kind, label) for kind in keys.TARGET_KINDS]
+    return list(dict.fromkeys(out))
+
+
+def _cursor_seq(r: Any, before: str) -> int | None:
+    s = r.zscore(keys.HISTORY, before)
+    if s is None:
+        try:
+            s = r.hget(keys.record(before), "seq")
+        except ValueError:
+            return None
+    return None if s is None else int(s)
+
 
 def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
     """Records newest first that pass the query, and the cursor of the next page (or None)."""
+    catch_up(r)
+    hi = None
+    if q.before:
+        hi = _cursor_seq(r, q.before)
+        if hi is None:
+            return [], None  # the cursor's record left the history: so did every older one
+    want = q.limit + 1
+    batch = min(max(want, 64), 1000)
+    cands: Iterator[tuple[int, str | None]]
+    if q.target:
+        gens = [_zset_desc(r, keys.target_history(t), hi, batch) for t in _targets(q.target)]
+        cands = heapq.merge(*gens, key=lambda x: -x[0])
+    elif q.bitmaps():
+        cands = _bitmap_desc(r, q.bitmaps(), hi)
+    else:
+        cands = _zset_desc(r, keys.HISTORY, hi, batch)
     items: list[dict] = []
-    hi = "(" + q.before if q.before else "+"
-    batch = max(q.limit, 100) if any(getattr(q, f) for f in FILTERS) else q.limit + 1
-    scanned = 0
-    while True:
-        ids = r.zrevrangebylex(keys.HISTORY, hi, "-", start=0, num=batch)
-        if not ids:
-            return items, None
+    while len(items) < want:
+        chunk = list(itertools.islice(cands, max(want - len(items), 16)))
+        if not chunk:
+            break
+        if chunk[0][1] is None:  # sequence numbers from bitmaps: look their ids up
+            pipe = r.pipeline(transaction=False)
+            for seq, _ in chunk:
+                pipe.zrangebyscore(keys.HISTORY, seq, seq)
+            chunk = [(seq, ids[0]) for (seq, _), ids in zip(chunk, pipe.execute()) if ids]
         pipe = r.pipeline(transaction=False)
-        for rid in ids:
-            pipe.hgetall(keys.record(rid))
+        for _, rid in chunk:
+            pipe.hgetall(keys.record(str(rid)))
         gone = []
-        for rid, h in zip(ids, pipe.execute()):
-            scanned += 1
+        for (_, rid), h in zip(chunk, pipe.execute()):
             if not h:
-                gone.append(rid)  # expired record: drop it from the index
+                gone.append(str(rid))  # expired by age: drop it from the listings (the sweep clears its bits)
                 continue
             rec = from_hash(h)
             if q.accepts(rec):
-                if len(items) == q.limit:
-                    return items, items[-1]["id"]
                 items.append(rec)
+                if len(items) == want:
+                    break
         if gone:
-            r.zrem(keys.HISTORY, *gone)
-        hi = "(" + ids[-1]
-        if len(ids) < batch:
-            return items, None
-        if scanned >= SCAN_CAP:
-            return items, ids[-1]
+            pipe = r.pipeline(transaction=False)
+            pipe.zrem(keys.HISTORY, *gone)
+            for rid in gone:
+                pipe.zrem(keys.target_history(keys.target_of_record(rid)), rid)
+            pipe.execute()
+    if len(items) > q.limit:
+        return items[:q.limit], items[q.limit - 1]["id"]
+    return items, None

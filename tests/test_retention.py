@@ -15,6 +15,7 @@ import pytest
 
 from trainmedic.client.receiver.mailbox import MAILBOX_MAXLEN
 from trainmedic.client.wire import keys, records
+from trainmedic.service import history
 
 from tests.conftest import post_json, write_playbooks
 from tests.support.faults import CrashTrainer, wait_for
@@ -24,6 +25,11 @@ GLOBALS = {
     # Record ids, trimmed to TRAINMEDIC_HISTORY_MAX by the reconciler (oldest first, record hashes deleted);
     # ids of records that expired by age are dropped by the history reader when it meets them.
     keys.HISTORY: "count",
+    # The history index (service/history.py): its journal (drained by every query and tick), its sequence
+    # counter, and per segment of 2^16 records a bitmap per (field, value) and the set naming them; retention
+    # clears the bits of the records it deletes and drops a segment once none of its records is left.
+    keys.HIST_JOURNAL: "count",
+    keys.HIST_SEQ: "constant",
     # Target label -> last heartbeat: the reconciler (and GET /targets) drop targets silent for a day.
     keys.TARGETS: "age",
     # Labels of targets sent a command: /metrics drops those whose stats expired and that have nothing open.
@@ -40,6 +46,12 @@ GLOBALS = {
     # Counters for /metrics: a field per (playbook, outcome), and per (playbook, histogram bucket).
     keys.OUTCOME_COUNTS: "constant",
     keys.RESOLVE_HISTOGRAM: "constant",
+    # The scripts' counts for /metrics (backlog by kind, acks by action and status, latency buckets): a field
+    # per (action, status) and (action, bucket); a 30-day TTL refreshed by every write.
+    keys.METRICS: "constant",
+    # Target label -> when its heartbeat stops counting as live: the reconciler drops those a day past it.
+    keys.live("job"): "age",
+    keys.live("node"): "age",
 }
 NODES = [f"gpu-node-{i}" for i in range(4)]
 JOBS = [f"job-{i}" for i in range(5)]
@@ -159,9 +171,10 @@ def test_after_a_burst_every_key_has_a_ttl_except_the_global_indexes_which_are_b
     kinds = {k.split("}:", 1)[1].split(":")[0] if "}:" in k else k for k in ttl}
     assert {"rec", "mailbox", "episode", "undo", "cooldown", "budget", "due", "cursor", "ackstats", "ledger",
             "power", "heartbeat"} <= kinds  # the burst wrote every kind of per-target key
-    unbounded = sorted(k for k, t in ttl.items() if t < 0 and k not in GLOBALS)
+    segments = (keys.HIST_PREFIX + "bm:", keys.HIST_PREFIX + "seg:")  # bounded with the records (see GLOBALS)
+    unbounded = sorted(k for k, t in ttl.items() if t < 0 and k not in GLOBALS and not k.startswith(segments))
     assert unbounded == [], f"keys without a TTL: {unbounded}"
-    assert set(GLOBALS) >= {k for k, t in ttl.items() if t < 0}
+    assert set(GLOBALS) >= {k for k, t in ttl.items() if t < 0 and not k.startswith(segments)}
     # The globals are bounded: pending approvals only, due targets only, a few refusal reasons.
     assert r.zcard(keys.APPROVALS) == 0  # one approved, one rejected, one expired
     for label in r.zrange(keys.DUE, 0, -1):
@@ -181,6 +194,7 @@ def test_history_is_trimmed_to_history_max_and_the_records_past_it_are_deleted(m
     for batch in range(6):
         ids += [m["id"] for m in webhook(http, *[alert("firing", "TrainingLossSpike", f"f{batch}x{i}",
                                                        job_name=f"job-{batch}-{i}") for i in range(20)])]
+    history.catch_up(r)  # what the next history query (or the reconciler's tick) does first
     assert len(ids) == 120 and r.zcard(keys.HISTORY) == 120
     assert app.extensions["trainmedic"].reconciler.tick().trimmed == 70
     assert r.zcard(keys.HISTORY) == 50

@@ -5,10 +5,10 @@ import json
 import time
 from typing import Any
 
+import redis
 from flask import Blueprint, current_app, render_template, request, url_for
 
 from trainmedic.client.wire import keys
-
 from trainmedic.client.wire import records as record_store
 
 from .. import history, outcomes
@@ -20,7 +20,7 @@ bp = Blueprint("ui", __name__, template_folder="templates")
 
 ICONS = {"applied": "✓", "partially_applied": "◐", "failed": "✗", "dispatched": "➜", "delivered": "➜",
          "pending": "…", "pending_approval": "⏸", "dry_run": "◌", "skipped": "–", "unsupported": "⊘",
-         "expired": "⌛"}
+         "expired": "⌛", "lost": "⚠"}
 OUTCOME_ICONS = {"pending": "…", "effective": "✓", "ineffective": "✗", "unknown": "?"}
 FILTERS = history.FILTERS
 TARGET_PAGE_RECORDS = 200
@@ -33,11 +33,17 @@ def _page(template: str, **context: Any) -> bytes:
     return render_template(template, **context).encode("utf-8", "replace")
 
 
-
-
 def _common(now: float) -> dict:
-    return {"now": now, "icons": ICONS, "outcome_icons": OUTCOME_ICONS,
+    return {"now": now, "icons": ICONS, "outcome_icons": OUTCOME_ICONS, "reset_at": _reset_at(),
             "refresh_seconds": int(current_app.config.get("UI_REFRESH_SECONDS", 10))}
+
+
+def _reset_at() -> str | None:
+    """When Redis last came back without trainmedic's data (within the banner's day), else None."""
+    try:
+        return _ext().redis.get(keys.RESET_AT)
+    except redis.RedisError:  # the page itself reports Redis down; the banner is not worth failing for
+        return None
 
 
 def _strip(ext: Any, now: float) -> list[dict]:
