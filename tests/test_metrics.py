@@ -194,3 +194,58 @@ def test_the_counters_follow_the_webhook_in_one_process(http: Any) -> None:
     assert value(after, name, **labels) - value(before, name, **labels) == 2
     name, labels = "trainmedic_remediations_total", {"playbook": "loss-spike", "status": "dispatched"}
     assert value(after, name, **labels) - value(before, name, **labels) == 1
+
+
+def _scan(r: redis.Redis) -> dict[str, Any]:
+    """The same figures counted from scratch, target by target (what a scrape did before the aggregates)."""
+    backlog = {"job": 0, "node": 0}
+    acked: dict[tuple[str, str], int] = {}
+    for key in r.scan_iter(match="trainmedic:{*}:rec:*"):
+        if r.hget(key, "status") == "dispatched":
+            backlog[key.split("{", 1)[1].split(":", 1)[0]] += 1
+    for key in r.scan_iter(match="trainmedic:{*}:ackstats"):
+        for field, n in r.hgetall(key).items():
+            if field.startswith("n|"):
+                _, action, st = field.split("|")
+                acked[(action, st)] = acked.get((action, st), 0) + int(n)
+    live = {kind: sum(1 for k in r.scan_iter(match=f"trainmedic:{{{kind}:*}}:heartbeat")) for kind in backlog}
+    return {"backlog": backlog, "acked": acked, "live": live}
+
+
+def _check_exact(http: Any, r: redis.Redis) -> dict[str, Any]:
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    truth = _scan(r)
+    for kind in ("job", "node"):
+        assert value(s, "trainmedic_mailbox_backlog", kind=kind) == truth["backlog"][kind], kind
+        assert value(s, "trainmedic_targets_live", kind=kind) == truth["live"][kind], kind
+    for (action, st), n in truth["acked"].items():
+        assert value(s, "trainmedic_actions_acked_total", action=action, status=st) == n
+    return truth
+
+
+def test_the_scrape_aggregates_stay_exact_through_dispatch_ack_expiry_and_heartbeat_expiry(
+        app: Any, http: Any, r: redis.Redis) -> None:
+    jobs = [keys.Target("job", f"agg-{i}") for i in range(6)]
+    for i, t in enumerate(jobs):
+        assert post_json(http, "/webhook", loss_spike(t.name, f"ag{i}")).status_code == 200
+    node_alert = copy.deepcopy(load_fixture("firing_single.json"))
+    node_alert["alerts"][0]["labels"] = {"alertname": "DiskSpaceLow", "node": "gpu-node-09"}
+    assert post_json(http, "/webhook", node_alert).status_code == 200
+    assert _check_exact(http, r)["backlog"] == {"job": 6, "node": 1}
+    # Acks: one job applies everything, one fails; one claims and never acks (delivered: still backlog).
+    ack_all(r, jobs[0], {"rollback_checkpoint": "applied", "scale_lr": "applied"})
+    ack_all(r, jobs[1], {"rollback_checkpoint": "failed", "scale_lr": "failed"})
+    box = Mailbox(r, jobs[2])
+    assert box.claim(box.fetch()[0], "test:1") == "ok"
+    assert _check_exact(http, r)["backlog"] == {"job": 4, "node": 1}
+    # Heartbeats: two live; one with a short TTL stops counting once it expires.
+    Mailbox(r, jobs[3]).heartbeat({"host": "h", "pid": 1})
+    Mailbox(r, jobs[4]).heartbeat({"host": "h", "pid": 2}, ttl=0.3)
+    assert _check_exact(http, r)["live"] == {"job": 2, "node": 0}
+    time.sleep(0.5)
+    assert _check_exact(http, r)["live"] == {"job": 1, "node": 0}
+    # Expiry: an hour later the reconciler ends every command nobody applied (expired or lost).
+    rc = app.extensions["trainmedic"].reconciler
+    for _ in range(3):
+        rc.tick(time.time() + 3700)
+    assert _check_exact(http, r)["backlog"] == {"job": 0, "node": 0}

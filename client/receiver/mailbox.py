@@ -9,7 +9,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from ..wire import keys, records
-from ..wire.protocol import HEARTBEAT_TTL, Ack, Command, ProtocolError, dumps
+from ..wire.protocol import HEARTBEAT_TTL, LIVE_WINDOW, Ack, Command, ProtocolError, dumps
 from ..wire.redis import run_scripts
 from ..wire.signing import Verifier
 
@@ -141,6 +141,8 @@ class Mailbox:
         pipe = self.r.pipeline(transaction=False)
         pipe.set(keys.heartbeat(self.target), dumps({**info, "last_seen": now}), px=int(ttl * 1000))
         pipe.zadd(keys.TARGETS, {self.target.label: now})
+        # Live until the heartbeat expires (and never longer than LIVE_WINDOW): /metrics counts these.
+        pipe.zadd(keys.live(self.target.kind), {self.target.label: int((now + min(ttl, LIVE_WINDOW)) * 1000)})
         if first:
             pipe.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
         pipe.execute()

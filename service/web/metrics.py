@@ -2,7 +2,11 @@
 
 Counters the service itself moves (alerts, remediations, webhook time) live in the worker processes and
 are merged from PROMETHEUS_MULTIPROC_DIR. Acks are written by trainers and agents straight into Redis,
-so their counts, their latency and the mailbox backlog are read from Redis at scrape time instead.
+so their counts, their latency and the mailbox backlog are read from Redis at scrape time instead: from
+aggregates the scripts keep up to date as records are dispatched, claimed, acknowledged and expired (the
+metrics hash, keys.metrics) and from the live targets by kind (keys.live), so a scrape costs the same with
+10 targets or 10,000. On Redis Cluster the counts are kept per target (a script may only write its own
+slot) and summed at scrape.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import redis
 from flask import Blueprint, Response, current_app
@@ -21,9 +26,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import LIVE_WINDOW
-from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS, Scripts
-from trainmedic.client.wire.redis import run_scripts
+from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS
+from trainmedic.client.wire.redis import is_cluster
 
 from .. import outcomes
 from ..rules.alerts import AlertGroup
@@ -37,6 +41,10 @@ REMEDIATIONS = Counter("trainmedic_remediations_total", "Remediations decided, b
 WEBHOOK_SECONDS = Histogram("trainmedic_webhook_duration_seconds", "Time to handle one webhook request.",
                             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 
+ENDED = Counter("trainmedic_records_ended_total",
+                "Records the reconciler ended (an action nobody acknowledged in time), by the record's final status.",
+                ["status"])
+
 REJECT_REASONS = ("bad_signature", "unsigned", "replayed")
 
 
@@ -47,6 +55,10 @@ class Metrics:
         for a in group.alerts:
             ALERTS.labels(a.status).inc()
         self.remediations(outcomes)
+
+    def ended(self, record_id: str, status: str) -> None:
+        """The reconciler's on_change: count a record it ended."""
+        ENDED.labels(status).inc()
 
     def remediations(self, outcomes: Iterable) -> None:
         for o in outcomes:
@@ -66,7 +78,6 @@ class RedisCollector(Collector):
 
     def __init__(self, r: redis.Redis):
         self.r = r
-        self._backlog = Scripts(r).backlog
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("trainmedic_redis_up", "1 when Redis answered this scrape, 0 when it did not.")
@@ -82,47 +93,57 @@ class RedisCollector(Collector):
         yield up
         yield from families
 
-    def _targets(self) -> list[keys.Target]:
-        labels: set[str] = {str(x) for x in (*self.r.zrange(keys.TARGETS, 0, -1), *self.r.smembers(keys.MAILBOXES))}
-        return [t for t in map(keys.parse_label, sorted(labels)) if t is not None]
-
-    def _families(self) -> list[Metric]:
-        targets = self._targets()
-        now = time.time()
+    def _aggregates(self) -> list[dict[Any, Any]]:
+        """The metrics hashes: the one of the keyspace, or on a cluster every target's (see keys.metrics)."""
+        if not is_cluster(self.r):
+            return [self.r.hgetall(keys.METRICS)]
+        labels = {str(x) for x in self.r.smembers(keys.MAILBOXES)}
+        targets = [t for t in map(keys.parse_label, sorted(labels)) if t is not None]
         pipe = self.r.pipeline(transaction=False)
         for t in targets:
-            pipe.hgetall(keys.ack_stats(t))
-            pipe.exists(keys.heartbeat(t))
-            pipe.zscore(keys.TARGETS, t.label)
-        plain = pipe.execute() if targets else []
-        # The backlog script goes through run_scripts: cluster pipelines refuse a script call mixed in.
-        waiting = run_scripts(self.r, [(self._backlog, [keys.due_items(t)], [keys.record_prefix(t)]) for t in targets])
-        answers = []
-        for i in range(len(targets)):
-            stats, beating, seen = plain[3 * i:3 * i + 3]
-            answers += [stats, waiting[i], beating, seen]
+            pipe.hgetall(keys.metrics(t, True))
+        return pipe.execute() if targets else []
+
+    def _forget_some(self, batch: int = 100) -> None:
+        """Drop from the set of targets with mailboxes a few (at most `batch` a scrape: a bounded cost) that
+        have nothing left: no ack stats, no due items, no heartbeat (their keys reached their TTLs)."""
+        labels = [str(x) for x in (self.r.srandmember(keys.MAILBOXES, batch) or [])]
+        targets = [(label, keys.parse_label(label)) for label in labels]
         pipe = self.r.pipeline(transaction=False)
+        for _, t in targets:
+            if t is not None:
+                pipe.exists(keys.ack_stats(t))
+                pipe.exists(keys.due_items(t))
+                pipe.exists(keys.metrics(t, True))
+        answers = iter(pipe.execute() if targets else [])
+        gone = []
+        seen = self.r.zmscore(keys.TARGETS, labels) if labels else []
+        for (label, t), score in zip(targets, seen):
+            if t is None or (not any(next(answers) for _ in range(3)) and score is None):
+                gone.append(label)
+        if gone:
+            self.r.srem(keys.MAILBOXES, *gone)
+
+    def _families(self) -> list[Metric]:
+        now_ms = int(time.time() * 1000)
+        pipe = self.r.pipeline(transaction=False)
+        for kind in keys.TARGET_KINDS:
+            pipe.zcount(keys.live(kind), f"({now_ms}", "+inf")
         pipe.zcard(keys.APPROVALS)
         pipe.hgetall(keys.REJECTED)
         pipe.get(keys.RESETS)
-        pending_approval, rejected, resets = pipe.execute()
+        *counts, pending_approval, rejected, resets = pipe.execute()
+        live = dict(zip(keys.TARGET_KINDS, (int(n) for n in counts)))
 
         acked: dict[tuple[str, str], int] = defaultdict(int)
         buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(ACK_LATENCY_BUCKETS) + 1))
         sums: dict[str, float] = defaultdict(float)
         backlog = {kind: 0 for kind in keys.TARGET_KINDS}
-        live = {kind: 0 for kind in keys.TARGET_KINDS}
-        gone = []
-        for i, t in enumerate(targets):
-            stats, waiting, beating, seen = answers[4 * i:4 * i + 4]
-            backlog[t.kind] += int(waiting)
-            if beating and seen is not None and float(seen) >= now - LIVE_WINDOW:
-                live[t.kind] += 1
-            if not stats and not int(waiting) and seen is None:
-                gone.append(t.label)
-            _add_stats(stats, acked, buckets, sums)
-        if gone:  # targets whose stats expired and whose mailbox is empty: stop reading them
-            self.r.srem(keys.MAILBOXES, *gone)
+        for stats in self._aggregates():
+            _add_stats(stats, acked, buckets, sums, backlog)
+        # A keyspace that held dispatched records before these counts existed (an upgrade) may count below 0.
+        backlog = {kind: max(0, n) for kind, n in backlog.items()}
+        self._forget_some()
 
         acked_f = CounterMetricFamily("trainmedic_actions_acked_total",
                                       "Actions acknowledged by trainers and agents, by action and status.",
@@ -180,12 +201,16 @@ def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str,
     return out
 
 
-def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict) -> None:
-    """Fold one target's ack stats hash (fields written by client/scripts.py ACK) into the totals."""
+def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict,
+               backlog: dict | None = None) -> None:
+    """Fold a metrics hash (fields written by the scripts: lua/common.lua, lua/ack.lua) into the totals."""
     for field, value in stats.items():
         kind, _, rest = field.partition("|")
         try:
-            if kind == "n":
+            if kind == "backlog":
+                if backlog is not None and rest in backlog:
+                    backlog[rest] += int(value)
+            elif kind == "n":
                 action, _, status = rest.partition("|")
                 acked[(action, status)] += int(value)
             elif kind == "b":
