@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .http import Http, HttpError
+from .promql import code
 
 # Most series one chart draws (an expression may return hundreds: the first ones are shown, and counted).
 MAX_SERIES = 8
@@ -66,18 +67,12 @@ class Comparison:
 def split_comparison(expr: str) -> Comparison | None:
     """`max(x) > 2 * median(x)` as its value side, operator and threshold side; None when it is not one
     comparison at the top level (a chart of a comparison alone would only show while the alert fires)."""
-    depth, quote, found = 0, "", []
-    i = 0
-    while i < len(expr):
-        c = expr[i]
-        if quote:
-            if c == "\\" and quote != "`":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "\"'`":
-            quote = c
-        elif c in "([{":
+    scanned = code(expr)
+    depth, found, skip_to = 0, [], 0
+    for i, c in scanned.chars:
+        if i < skip_to:
+            continue  # the second character of a two-character operator
+        if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
@@ -85,10 +80,8 @@ def split_comparison(expr: str) -> Comparison | None:
             op = next((o for o in _COMPARISONS if expr.startswith(o, i)), None)
             if op and not expr.startswith("=~", i) and not expr.startswith("!~", i):
                 found.append((i, op))
-                i += len(op)
-                continue
-        i += 1
-    if len(found) != 1 or _SET_OPERATORS.search(_strip_strings(expr)):
+                skip_to = i + len(op)
+    if len(found) != 1 or _SET_OPERATORS.search(scanned.text(len(expr))):
         return None
     at, op = found[0]
     value, threshold = expr[:at].strip(), expr[at + len(op):].strip()
@@ -96,10 +89,6 @@ def split_comparison(expr: str) -> Comparison | None:
     if not value or not threshold:
         return None
     return Comparison(value, op, threshold)
-
-
-def _strip_strings(expr: str) -> str:
-    return re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
 
 
 def _finite(text: Any) -> float | None:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from trainmedic.service.errors import BadRequest
 
 _TIME = re.compile(r"^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z")
+# What a fingerprint may hold (the OpenAPI schema says the same with this pattern).
+FINGERPRINT_PATTERN = "^[A-Za-z0-9]{0,64}$"
 _FINGERPRINT = re.compile(r"^[A-Za-z0-9]{1,64}\Z")
 MAX_ALERTS = 1000
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 
+from ..promql import code
+
 VARIABLES = ("job", "node", "gpu")
 _VAR = re.compile(r"\$(job|node|gpu)\b")
 _ANY_VAR = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*")
@@ -74,23 +76,15 @@ def fill(expr: str, values: Mapping[str, str | None]) -> str:
 
 def _own_syntax(expr: str) -> str | None:
     """Brackets balanced and strings closed (the check used when promtool is not installed)."""
-    pairs, stack, quote, i = {")": "(", "]": "[", "}": "{"}, [], None, 0
-    while i < len(expr):
-        c = expr[i]
-        if quote:
-            if c == "\\" and quote != "`":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'`":
-            quote = c
-        elif c in "([{":
+    pairs, stack = {")": "(", "]": "[", "}": "{"}, []
+    scanned = code(expr)
+    for i, c in scanned.chars:
+        if c in "([{":
             stack.append(c)
         elif c in ")]}":
             if not stack or stack.pop() != pairs[c]:
                 return f"unexpected {c!r} at character {i + 1}"
-        i += 1
-    if quote:
+    if scanned.unclosed_string:
         return "a string is not closed"
     if stack:
         return f"unclosed {stack[-1]!r}"
