@@ -13,6 +13,8 @@ from .wire.protocol import rfc3339
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 # Keys the formatter writes itself; an `extra=` of the same name is kept under "extra_<name>".
 _OWN = ("ts", "level", "logger", "msg", "pid", "exc")
+# default=str: an odd extra (a Path, a dataclass) must never cost the log line. One encoder for every line.
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 class JsonFormatter(logging.Formatter):
@@ -35,8 +37,7 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         if record.stack_info:
             out["stack"] = record.stack_info
-        # default=str: an odd extra (a Path, a dataclass) must never cost the log line.
-        return json.dumps(out, default=str, ensure_ascii=False, separators=(",", ":"))
+        return _ENCODER.encode(out)
 
 
 def _message(record: logging.LogRecord) -> str:

@@ -12,6 +12,7 @@ from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from trainmedic.client.settings import Settings
+from trainmedic.client.wire import records
 from trainmedic.client.wire.redis import connect
 from trainmedic.client.wire.signing import Signer
 
@@ -87,12 +88,15 @@ def init_app(app: Flask, settings: Settings) -> None:
         dry_run=settings.dry_run, alertmanager_poll=rs.alertmanager_poll if am else None,
         notify=bool(settings.notify_url)))
     prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
-    reconciler = Reconciler(r, dispatcher, playbooks, rs, alertmanager=am, prometheus=prometheus)
+    metrics = Metrics()
+    reconciler = Reconciler(r, dispatcher, playbooks, rs, alertmanager=am, prometheus=prometheus,
+                            on_change=metrics.ended)
     try:
         reconciler.mark_epoch()
+        records.load_scripts(r)  # trainers and agents may run the scripts, not load them
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
-    app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, Metrics(), prometheus)
+    app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, metrics, prometheus)
 
     from .web import register
 

@@ -109,8 +109,10 @@ def test_a_malformed_mailbox_entry_is_skipped_and_the_next_command_applied(agent
 def test_two_agents_for_one_node_apply_each_command_once(agents, r, tmp_path: Path) -> None:
     (tmp_path / "ckpts").mkdir()
     pair = [agents(NODE, allow_roots=[tmp_path / "ckpts"]) for _ in range(2)]
-    for a in pair:
-        a.wait_ready(r, timeout=30)  # both heartbeat on one key; each waits for its own pid
+    # Both heartbeat on one key, each overwriting the other's, so a reader may never catch one pid there: wait
+    # for each to say it is up instead (what they miss meanwhile they read from the mailbox anyway).
+    jobs.wait_until(lambda: all(f"agent for node {NODE} up" in a.log() for a in pair), timeout=30,
+               what="both agents up")
     ids = [inject(r, [("disk_cleanup", {})]) for _ in range(20)]
     for rid in ids:
         assert wait_record(r, rid)["status"] == "applied"

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from trainmedic.client.wire import keys, records
+from trainmedic.service import history
 
 from tests.conftest import load_fixture, post_json, write_playbooks
 from tests.support.jobs import wait_record
@@ -157,3 +158,33 @@ def test_a_handler_registered_after_start_is_in_the_next_heartbeat_within_a_seco
         assert time.monotonic() - t0 < 1.5, "the heartbeat did not list the new handler"
         loop.tick()
     loop.rc.close()
+
+
+def test_decide_reads_the_heartbeat_itself_and_the_service_reads_it_only_when_the_command_must_change(
+        make_app: Any, r: redis.Redis, tmp_path: Path) -> None:
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS)))
+    http = app.test_client()
+    dispatcher = app.extensions["trainmedic"].dispatcher
+    read: list[str] = []  # the targets whose heartbeat the service read itself
+    service_read = dispatcher.reach
+    dispatcher.reach = lambda targets: (read.extend(sorted(t.name for t in targets)), service_read(targets))[1]
+    beats = {"all-of-it": {"pid": 1, "actions": ["scale_lr", "save_checkpoint", "set_lr"]},
+             "older-client": {"pid": 2}, "not-json": None, "cannot-save": {"pid": 3, "actions": ["scale_lr"]}}
+    for job, beat in beats.items():
+        r.set(keys.heartbeat(keys.Target("job", job)), "{not json" if beat is None else json.dumps(beat), ex=60)
+    made = {job: fire(http, "SaveMe", f"h{len(job)}{job[:3]}", job_name=job)[0] for job in [*beats, "nobody"]}
+    for job in ("all-of-it", "older-client", "not-json"):  # every step goes out; someone is there
+        rec = records.get(r, made[job]["id"])
+        assert rec is not None and (rec["status"], rec["reason"]) == ("dispatched", None), job
+        assert [a["status"] for a in rec["actions"]] == ["pending", "pending"], job
+        [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", job)))
+        assert [a["action"] for a in json.loads(fields["c"])["actions"]] == ["scale_lr", "save_checkpoint"], job
+    assert (made["nobody"]["status"], made["nobody"]["reason"]) == ("dispatched", "no_live_target")
+    cut = records.get(r, made["cannot-save"]["id"])
+    assert cut is not None and cut["actions"][1]["reason"] == "target_cannot"
+    [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", "cannot-save")))
+    assert [a["action"] for a in json.loads(fields["c"])["actions"]] == ["scale_lr"]
+    history.catch_up(r)
+    assert len(r.zrange(keys.HISTORY, 0, -1)) == 5  # the pairs decided twice are listed once
+    # DECIDE read every heartbeat itself; the service read one only for the three whose command did not fit.
+    assert sorted(read) == ["cannot-save", "not-json", "older-client"]

@@ -340,20 +340,21 @@ def test_poll_from_two_threads_applies_every_command_exactly_once(r: redis.Redis
     assert len(done) == 200
 
 
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
 def test_a_handler_that_raises_system_exit_acks_failed_stops_the_loop_and_loses_nothing_behind_it(
-        r: redis.Redis, loops: Any) -> None:
+        r: redis.Redis, loops: Any, exc: BaseException) -> None:
     first = loops()
-    first.rc.register("stop_training", lambda params: (_ for _ in ()).throw(SystemExit(3)))
+    first.rc.register("stop_training", lambda params: (_ for _ in ()).throw(exc))
     stop = send(r, JOB, "stop_training")
     behind = send(r, JOB, "scale_lr", {"factor": 0.5})
     # Both received before the loop's next poll: the stop first, the LR change queued behind it.
     wait_until(lambda: len(first.rc._inbox.ready) == 2, what="both commands received")
-    with pytest.raises(SystemExit) as exited:
+    with pytest.raises(type(exc)) as exited:
         first.tick()
-    assert exited.value.code == 3  # the user's own stop still works
+    assert exited.value is exc  # the user's own stop (or Ctrl-C) still works
     first.rc.close()
     rec = wait_record(r, stop, until=lambda x: x is not None and x["status"] == "failed")
-    assert rec["actions"][0]["result"]["error"] == "The handler stopped the process (SystemExit)."
+    assert rec["actions"][0]["result"]["error"] == f"The handler stopped the process ({type(exc).__name__})."
     assert first.lr == pytest.approx(0.1)
     second = loops()  # the next process of the job gets the command that was behind the stop
     done = wait_record(r, behind, tick=second.tick)
@@ -407,3 +408,16 @@ def test_poll_from_two_threads_drops_nothing_from_a_queue_of_a_hundred_thousand(
         t.join(120)
     assert count[0] == 100_000 and not rc._ready
     rc._inbox = None  # never started: nothing to close
+
+
+def test_a_handler_is_registered_only_for_a_catalogue_action_of_its_own_kind(redis_url: str) -> None:
+    rc = RemediationClient(job=JOB, redis_url=redis_url, start=False)
+    try:
+        with pytest.raises(ValueError, match=r"unknown action 'scael_lr' \(known: "):
+            rc.register("scael_lr", lambda params: {})
+        with pytest.raises(ValueError, match="power_limit runs on a node, not on a job"):
+            rc.register("power_limit", lambda params: {})
+        rc.register("reduce_batch_size", lambda params: {"batch_size": 16})
+        assert "reduce_batch_size" in rc.applier.actions() and "scael_lr" not in rc.applier.actions()
+    finally:
+        rc.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 
 from trainmedic.client.wire import keys
+from trainmedic.service import history
 from trainmedic.client.wire.protocol import Command
 from trainmedic.service.rules.alerts import parse_group
 from trainmedic.client.wire.signing import Signer
@@ -47,11 +48,13 @@ def test_a_later_start_is_a_new_episode(r) -> None:
 def test_a_resend_refreshes_the_episode_and_heals_the_index(r) -> None:
     body = load_fixture("firing_single.json")
     [first] = run(r, body)
+    history.catch_up(r)
     r.zrem(keys.HISTORY, first.record_id)  # as if the index write was lost to a crash
     ep = keys.episode(JOB, "loss-spike", "071ff15f8faead0f")
     r.pexpire(ep, 1000)
     [dup] = run(r, body)
     assert dup.status == "duplicate" and dup.record_id == first.record_id
+    history.catch_up(r)  # the duplicate journaled its record again: the next query lists it again
     assert r.zscore(keys.HISTORY, first.record_id) is not None
     assert r.pttl(ep) > 1000
 
@@ -98,4 +101,5 @@ def test_a_redis_that_lost_its_scripts_still_decides_each_alert_once(r) -> None:
     group = load_fixture("firing_group.json")
     assert [o.status for o in run(r, group)] == ["dispatched", "dispatched"]
     assert r.xlen(keys.mailbox(keys.Target("node", "gpu-node-01"))) == 1
+    history.catch_up(r)
     assert r.zcard(keys.HISTORY) == 3

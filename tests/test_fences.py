@@ -51,6 +51,15 @@ def own(tmp_path: Path) -> Iterator[tuple[EmbeddedRedis, redis.Redis, Any]]:
     server.stop()
 
 
+def restart_empty(server: EmbeddedRedis) -> None:
+    """Restart the real redis-server with nothing on disk: what a restart without persistence leaves."""
+    server.stop()
+    for f in server.data_dir.rglob("*"):
+        if f.is_file() and (f.suffix in (".rdb", ".aof") or "appendonly" in f.name):
+            f.unlink()
+    server.start()
+
+
 def rejected(app: Any) -> float:
     text = app.test_client().get("/metrics").get_data(as_text=True)
     line = [x for x in text.splitlines() if x.startswith('trainmedic_commands_rejected_total{reason="replayed"}')]
@@ -88,7 +97,8 @@ def test_a_redis_that_came_back_empty_turns_the_resend_into_a_new_record_not_a_s
     try:
         [first] = post_json(app.test_client(), "/webhook", body).get_json()["remediations"]
         wait_until(lambda: records.get(r, first["id"])["status"] == "applied", tick=loop.tick, what="the apply")
-        r.flushall()  # restarted without persistence, or a failover to an empty replica
+        restart_empty(server)  # restarted without persistence (a failover to an empty replica is the same)
+        assert r.dbsize() == 0
         # Alertmanager's next resend of the same episode is now new to Redis: a new record.
         [again] = post_json(app.test_client(), "/webhook", copy.deepcopy(body)).get_json()["remediations"]
         assert again["id"] != first["id"] and again["status"] == "dispatched"
@@ -119,8 +129,9 @@ def test_the_agents_state_file_keeps_it_from_throttling_again_and_keeps_the_true
         assert wait_record(r, first["id"])["status"] == "applied" and nvml_state.limit_w(0) == 560
         saved = json.loads((state_dir / "agent-state.json").read_text())
         assert saved["power"] == {"GPU-0a1b2c3d-0000-1111-2222-333344445555": 700_000}
-        r.flushall()  # Redis lost everything, the remembered limit included
-        agent.stop()  # and the agent restarts too: what it knows is in its state file
+        agent.stop()  # the agent restarts too: what it knows is in its state file
+        restart_empty(server)  # Redis lost everything, the remembered limit included
+        assert r.dbsize() == 0
         agent = AgentProcess(node, server.url, tmp_path / "agent2.log", lib_dir=nvml_lib, state=nvml_state,
                              state_dir=state_dir)
         agent.wait_ready(r)

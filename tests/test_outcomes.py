@@ -334,3 +334,42 @@ def test_a_silence_playbook_without_alertmanager_refuses_to_start(make_app: Any,
     with pytest.raises(ValueError, match="playbook quiet has silence: true, which needs TRAINMEDIC_ALERTMANAGER_URL"):
         make_app(playbooks=str(path))
     assert make_app(playbooks=str(path), alertmanager_urls=("http://127.0.0.1:9",)) is not None
+
+
+def test_an_alertmanager_that_is_down_leaves_the_silence_unmade_and_says_so_on_the_record(
+        r: Any, make_app: Any, tmp_path: Path) -> None:
+    from trainmedic.service.embedded_redis import free_port
+
+    text = ("playbooks:\n  - name: quiet\n    matchers: ['alertname=\"TrainingLossSpike\"']\n    target: job\n"
+            "    actions: [{scale_lr: {factor: 0.5}}]\n    verify: 15m\n    silence: true\n")
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "s.yaml", text)),
+                   alertmanager_urls=(f"http://127.0.0.1:{free_port()}",))  # nothing listens there
+    http = app.test_client()
+    rid = fire(http)
+    acked = apply(r, rid)
+    reconciler(app).tick(acked + 1)
+    got = rec(r, rid)
+    assert got["silence_id"] is None and got["status"] == "applied"  # the remediation itself went on
+    assert got["silence_error"].startswith("the silence could not be made: ")
+    reconciler(app).tick(acked + 2)
+    assert rec(r, rid)["silence_error"] == got["silence_error"]  # not retried on every tick
+    assert http.get(f"/records/{rid}").status_code == 200
+    assert "the silence could not be made" in http.get(f"/records/{rid}").get_data(as_text=True)
+
+
+def test_a_notice_escapes_alert_text_and_a_hook_that_keeps_failing_is_tried_three_times_then_given_up(
+        caplog: Any) -> None:
+    from trainmedic.service.decide.notify import Notice, Notifier
+
+    notice = Notice("rid-1", "loss-spike", "job:x", "Loss<b>&</b>", 0, ("ineffective", "lost"), f"{PUBLIC}/r/rid-1")
+    # Slack's markup is &, < and >: alert text shows literally and never reaches the link's own markup.
+    assert notice.text.startswith(f"trainmedic: <{PUBLIC}/r/rid-1|loss-spike on job:x> for alert "
+                                  "Loss&lt;b&gt;&amp;&lt;/b&gt; ")
+    assert "was ineffective" in notice.text
+    busy = Receiver(status=503)
+    try:
+        assert Notifier(None, timeout=2, retries=2).send(busy.url, notice) is False
+        assert len(busy.bodies) == 3 and busy.bodies[0] == {"text": notice.text}
+    finally:
+        busy.close()
+    assert any("not delivered: HTTP 503" in m and "/services/" not in m for m in caplog.messages)

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from trainmedic.client.receiver.mailbox import Mailbox
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import Ack, dumps
@@ -20,6 +22,16 @@ def reconciler(r: Any) -> Any:
     return service(r).extensions["trainmedic"].reconciler
 
 
+def ended(r: Any, status: str) -> float:
+    """trainmedic_records_ended_total{status} as GET /metrics shows it."""
+    text = service(r).test_client().get("/metrics").get_data(as_text=True)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "trainmedic_records_ended_total" and s.labels == {"status": status}:
+                return float(s.value)
+    return 0.0
+
+
 def beat(r: Any, host: str, pid: int) -> None:
     """The first heartbeat of a process host:pid of the job (a process starting)."""
     Mailbox(r, TARGET).heartbeat({"kind": "job", "name": JOB, "host": host, "pid": pid}, first=True)
@@ -27,9 +39,11 @@ def beat(r: Any, host: str, pid: int) -> None:
 
 def test_a_command_nobody_takes_ends_expired(r: Any) -> None:
     rid = send(r, JOB, "scale_lr", {"factor": 0.5}, expire_after=2)
+    before = ended(r, "expired")
     assert reconciler(r).tick(time.time() + 1).changed == []
     report = reconciler(r).tick(time.time() + 2.5)
     assert report.changed == [(rid, "expired")]
+    assert ended(r, "expired") == before + 1
     rec = records.get(r, rid)
     assert rec is not None and rec["status"] == "expired"
     act = rec["actions"][0]
@@ -62,8 +76,10 @@ def test_a_claim_nobody_acknowledges_ends_lost_and_a_late_ack_still_tells_the_tr
     rid = send(r, JOB, "scale_lr", {"factor": 0.5}, expire_after=5)
     box = Mailbox(r, TARGET)
     assert box.claim(box.fetch()[0], "gpu-1:100") == "ok"
+    before = ended(r, "lost")
     report = reconciler(r).tick(time.time() + 5 + 21)  # expire_after + the reconciler's grace
     assert report.changed == [(rid, "lost")]
+    assert ended(r, "lost") == before + 1
     rec = records.get(r, rid)
     assert rec is not None and rec["status"] == "lost" and rec["actions"][0]["reason"] == "lost"
     # The process did apply it after all, and says so: the record follows the truth.
@@ -145,10 +161,14 @@ def test_a_keyspace_that_came_back_empty_is_noticed_once(r: Any, caplog: Any) ->
     rc = reconciler(r)
     rc.mark_epoch()
     assert rc.tick().reset is False
+    assert 'id="reset-banner"' not in service(r).test_client().get("/").get_data(as_text=True)
     r.flushall()  # Redis restarted without persistence
     assert rc.tick().reset is True
     assert rc.tick().reset is False  # noticed once: a new epoch is marked
-    assert r.get(keys.RESETS) == "1" and r.get(keys.RESETS + ":at")
+    assert r.get(keys.RESETS) == "1" and r.get(keys.RESET_AT)
+    page = service(r).test_client().get("/").get_data(as_text=True)
+    assert 'id="reset-banner"' in page
+    assert "Redis came back without trainmedic's data at " + r.get(keys.RESET_AT) in page
     assert any("Redis came back without trainmedic's data" in m for m in caplog.messages)
     text = service(r).test_client().get("/metrics").get_data(as_text=True)
     assert "trainmedic_redis_resets_total 1.0" in text

@@ -178,6 +178,49 @@ def test_the_real_flow_runs_with_each_sides_own_user_and_redis_denies_none_of_it
     assert denials(inspector) == []  # nor while stopping
 
 
+def test_trainers_and_agents_run_only_scripts_the_service_loaded_and_carry_on_once_it_loads_them_again(
+        acl_redis, inspector) -> None:
+    from trainmedic.service.app import create_app
+
+    # Loading a script of one's own (a busy loop would stall Redis for everyone) is the service's alone.
+    for who in ("TRAINER", "AGENT"):
+        assert inspector.execute_command("ACL", "DRYRUN", USERS[who], "SCRIPT", "LOAD", "while true do end") != "OK"
+        assert inspector.execute_command("ACL", "DRYRUN", USERS[who], "EVALSHA", "0" * 40, "0") == "OK"
+    trainer = redis.Redis.from_url(url(acl_redis, "TRAINER"), decode_responses=True)
+    assert refused(lambda: trainer.script_load("while true do end"))
+    trainer.close()
+    app = create_app({"TESTING": True, "redis_url": url(acl_redis, "SERVICE"), "webhook_token": "t" * 32,
+                      "operator_token": OPERATOR, "signing_key": SIGNING_KEY})
+    service = redis.Redis.from_url(url(acl_redis, "SERVICE"), decode_responses=True)
+    opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    rc = RemediationClient(job="acl-restart", redis_url=url(acl_redis, "TRAINER"), optimizer=opt,
+                           heartbeat_interval=0.2, verify_key=VERIFY_KEY)
+    steps = iter(range(10**6))
+    try:
+        jobs.wait_until(lambda: service.exists(keys.heartbeat(keys.Target("job", "acl-restart"))),
+                        tick=lambda: rc.poll(step=next(steps)), what="the trainer's heartbeat")
+        inspector.script_flush()  # what a Redis restart does to its script cache
+        resp = app.test_client().post("/commands", headers=OP_AUTH, json={
+            "target": "job:acl-restart", "action": "scale_lr", "params": {"factor": 0.5}})
+        assert resp.status_code == 201, resp.get_json()
+        rid = resp.get_json()["id"]
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # the trainer sees the command but may not load CLAIM itself
+            rc.poll(step=next(steps))
+            time.sleep(0.02)
+        assert records.get(service, rid)["actions"][0]["status"] == "pending"
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+        assert app.extensions["trainmedic"].reconciler.tick() is not None  # its tick loads them again
+        done = jobs.wait_record(service, rid, tick=lambda: rc.poll(step=next(steps)), timeout=30)
+        assert done["status"] == "applied" and opt.param_groups[0]["lr"] == pytest.approx(0.05)
+        assert any(e.get("object") == "script|load" and e.get("username") == USERS["TRAINER"]
+                   for e in inspector.acl_log())
+    finally:
+        rc.close()
+        service.close()
+    inspector.acl_log_reset()
+
+
 def refused(call: Any) -> bool:
     try:
         call()

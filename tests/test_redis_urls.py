@@ -118,3 +118,44 @@ def test_the_core_flow_runs_over_tls(tmp_path: Path) -> None:
         assert connect(url).ping()
         rec = closed_loop(url)
     assert rec["actions"][1]["status"] == "applied"
+
+
+def test_on_a_cluster_an_ack_on_a_target_the_reconciler_never_visits_is_indexed_before_the_next_query(
+        cluster: EmbeddedCluster) -> None:
+    # The scripts journal history changes in their target's own slot there (a script may only touch its slot);
+    # the applier names its target in a global set, and the next query moves that journal into the index. No
+    # reconciler tick runs here: the target is never visited.
+    from trainmedic.client.wire import records
+    from trainmedic.client.wire.protocol import Ack
+    from trainmedic.client.wire.redis import run_scripts
+
+    app = create_app({"TESTING": True, "redis_url": cluster.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
+                      "playbooks": str(ROOT / "playbooks")})
+    http = app.test_client()
+    job = f"hist-never-visited-{time.time_ns()}"
+    body = load_fixture("firing_single.json")
+    body["alerts"][0]["labels"]["job_name"] = job
+    body["alerts"][0]["fingerprint"] = f"{time.time_ns() & (1 << 64) - 1:016x}"
+    resp = http.post("/webhook", data=json.dumps(body), content_type="application/json", headers=AUTH)
+    [rid] = [m["id"] for m in resp.json["remediations"]]
+    # Listed and filterable as soon as the webhook answered.
+    assert [i["id"] for i in http.get(f"/history?target=job:{job}&status=dispatched").json["items"]] == [rid]
+    assert rid in [i["id"] for i in http.get("/history?status=dispatched&limit=500").json["items"]]
+
+    applier = connect(cluster.nodes[2].url)  # a trainer's own client, another node's URL
+    assert isinstance(applier, redis.RedisCluster)
+    rec = records.get(applier, rid)
+    acks = [Ack(rid, i, a["action"], "applied", {}, "trainer:1") for i, a in enumerate(rec["actions"])]
+    run_scripts(applier, records.ack_calls(records.Scripts(applier), acks, time.time()))
+    status = applier.hget(keys.record(rid), "status")
+    assert status not in (None, "dispatched")
+    assert f"job:{job}" in applier.smembers(keys.HIST_DIRTY)  # named by the applier, not by a reconciler
+    assert applier.llen(keys.hist_journal(keys.Target("job", job))) > 0
+
+    assert [i["id"] for i in http.get(f"/history?status={status}&limit=500").json["items"]].count(rid) == 1
+    assert rid not in [i["id"] for i in http.get("/history?status=dispatched&limit=500").json["items"]]
+    assert [i["id"] for i in http.get(f"/history?target=job:{job}&status={status}").json["items"]] == [rid]
+    assert http.get(f"/history?target=job:{job}&status=dispatched").json["items"] == []
+    # The target's journal was moved and folded; the set no longer names it.
+    assert applier.llen(keys.hist_journal(keys.Target("job", job))) == 0
+    assert f"job:{job}" not in applier.smembers(keys.HIST_DIRTY)

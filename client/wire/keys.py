@@ -120,8 +120,54 @@ def parse_label(label: str) -> Target | None:
     return None
 
 
+def metrics(t: Target, cluster: bool) -> str:
+    """Hash of the counts GET /metrics shows (backlog by kind, acks by action and status, ack latency), kept up
+    to date by the scripts that dispatch, claim, ack and expire: one for the whole keyspace on a single
+    Redis; on Redis Cluster one per target (a script may only touch its own slot), summed at scrape."""
+    return f"{PREFIX}{t.tag}:metrics" if cluster else METRICS
+
+
+def live(kind: str) -> str:
+    """Sorted set: targets of a kind by the time their latest heartbeat stops counting as live (ms)."""
+    return f"{PREFIX}live:{kind}"
+
+
 # Global keys (their own slot): the history index, pending approvals, live targets.
+METRICS = PREFIX + "metrics"
+# Record ids scored by their history sequence number (service/history.py assigns it when it indexes them).
 HISTORY = PREFIX + "history"
+# The history index (service/history.py): record ids made or changed and not yet indexed (the scripts push
+# them, lua/common.lua hist_touch), the sequence counter, the indexer's lock, and the per-segment bitmaps.
+HIST_JOURNAL = PREFIX + "hist:journal"
+HIST_SEQ = PREFIX + "hist:seq"
+HIST_LOCK = PREFIX + "hist:lock"
+HIST_PREFIX = PREFIX + "hist:"
+# Redis Cluster: labels of targets whose own journal (hist_journal) may hold entries not yet moved to
+# HIST_JOURNAL. Whoever runs a journaling script there adds its target (client/wire/redis.py); the indexer
+# moves those journals first, so a change is indexed before the next query even if the reconciler never
+# visits its target.
+HIST_DIRTY = PREFIX + "hist:dirty"
+
+
+def hist_bitmap(segment: int, field: str, value: str) -> str:
+    """String: a bit per record of a segment of 2^16 sequence numbers whose FIELD has VALUE."""
+    return f"{HIST_PREFIX}bm:{segment}:{field}:{value}"
+
+
+def hist_segment_keys(segment: int) -> str:
+    """Set: the bitmap keys of a segment (retention drops them whole)."""
+    return f"{HIST_PREFIX}seg:{segment}"
+
+
+def target_history(t: Target) -> str:
+    """Sorted set: the target's record ids by history sequence number (target= filters)."""
+    return f"{PREFIX}{t.tag}:hist"
+
+
+def hist_journal(t: Target) -> str:
+    """List: the target's journal of record ids on Redis Cluster (the indexer moves it to HIST_JOURNAL once the
+    target is named in HIST_DIRTY)."""
+    return f"{PREFIX}{t.tag}:hj"
 APPROVALS = PREFIX + "approvals"
 TARGETS = PREFIX + "targets"
 # Labels of targets that were ever sent a command: /metrics reads their backlog and ack stats.
@@ -133,6 +179,8 @@ RECONCILER_LEASE = PREFIX + "reconciler"
 # Written once into a keyspace; its absence later means Redis came back without trainmedic's data.
 EPOCH = PREFIX + "epoch"
 RESETS = PREFIX + "resets"
+# When the reconciler last found the keyspace empty (the page shows a banner while it lives).
+RESET_AT = RESETS + ":at"
 # Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts.
 REJECTED = PREFIX + "rejected"
 

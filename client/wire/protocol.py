@@ -17,10 +17,29 @@ LIVE_WINDOW = 60.0
 HEARTBEAT_TTL = 30.0
 
 
+# The last whole second formatted, and its text up to the fraction: most calls fall in the same second.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def rfc3339(ts: float | None = None) -> str:
     """UTC timestamp in RFC 3339 with milliseconds."""
-    dt = datetime.fromtimestamp(time.time() if ts is None else ts, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    global _last_second
+    if ts is None:
+        ts = time.time()
+    if not ts >= 0:  # before 1970 (or NaN): the general path
+        dt = datetime.fromtimestamp(ts, tz=UTC)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    # Rounded to the microsecond as datetime.fromtimestamp rounds (half to even), then cut to milliseconds.
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        whole, us = whole + 1, us - 1_000_000
+    second = int(whole)
+    last = _last_second
+    if last[0] != second:
+        last = (second, datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S."))
+        _last_second = last
+    return f"{last[1]}{us // 1000:03d}Z"
 
 
 def parse_rfc3339(text: object) -> float | None:
@@ -33,9 +52,13 @@ def parse_rfc3339(text: object) -> float | None:
         return None
 
 
+# One encoder for every call: json.dumps with options builds a new JSONEncoder each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=str)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON that refuses NaN and infinities (strict parsers reject them; records never hold them)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str)
+    return _ENCODER.encode(value)
 
 
 def finite(value: Any) -> Any:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
+from hashlib import sha1
 from importlib import resources
 from typing import Any
 from collections.abc import Iterable
 
 from . import keys
 from .protocol import ACK_STATUSES, Ack, dumps, rfc3339
+from .redis import GuardedScript, is_cluster
 
 RECORD_STATUSES = ("pending_approval", "dispatched", "applied", "partially_applied", "failed", "lost",
                    "skipped", "dry_run", "expired")
@@ -43,6 +45,10 @@ def lua(name: str) -> str:
     """The text of lua/NAME.lua, with the shared functions of lua/common.lua before it."""
     folder = resources.files(__package__).joinpath("lua")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    if name == "decide_many":
+        # DECIDE_MANY runs DECIDE's body once per pair: as a function of its own KEYS and ARGV.
+        decide = folder.joinpath("decide.lua").read_text(encoding="utf-8")
+        body = f"local function decide_one(KEYS, ARGV)\n{decide}\nend\n{body}"
     return folder.joinpath("common.lua").read_text(encoding="utf-8") + "\n" + body
 
 
@@ -51,17 +57,24 @@ def ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-SCRIPTS = ("decide", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog", "verdict", "deferred")
+# The scripts that may journal a history change (lua/common.lua hist_touch: they make a record, or change its
+# status or outcome).
+JOURNALING = frozenset({"decide", "decide_many", "approve", "claim", "ack", "reconcile", "verdict", "deferred"})
+SCRIPTS = ("decide", "decide_many", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog", "verdict",
+           "deferred")
 
 
 class Scripts:
     """The record's scripts registered on one Redis client (EVALSHA, loaded again after a restart)."""
 
     def __init__(self, r: Any):
+        # Where the scripts keep the metrics counts (keys.metrics): per target on a cluster.
+        self.cluster = is_cluster(r)
         for name in SCRIPTS:
-            setattr(self, name, r.register_script(lua(name)))
+            setattr(self, name, GuardedScript(r.register_script(lua(name)), journals=name in JOURNALING))
 
     decide: Any
+    decide_many: Any
     approve: Any
     claim: Any
     ack: Any
@@ -74,6 +87,18 @@ class Scripts:
 
 
 Call = tuple[Any, list[str], list[Any]]
+
+
+def load_scripts(r: Any, only_if_missing: bool = True) -> bool:
+    """Load every script into Redis (each primary of a cluster), by default only when Redis has lost them
+    (a restart empties its script cache); True when it loaded them. The service does this at start and every
+    reconciler tick, since trainers and agents may only run scripts, not load them."""
+    texts = [lua(name) for name in SCRIPTS]
+    if only_if_missing and all(r.script_exists(*[sha1(t.encode()).hexdigest() for t in texts])):
+        return False
+    for text in texts:
+        r.script_load(text)
+    return True
 
 
 # -- writing --------------------------------------------------------------------------------------------
@@ -103,6 +128,11 @@ class Step:
     when: str | None = None
 
     def spec(self) -> str:
+        """The step as the record keeps it (JSON); made once, since playbook steps are shared by decisions."""
+        return self._spec
+
+    @cached_property
+    def _spec(self) -> str:
         d: dict[str, Any] = {"action": self.action, "params": self.params}
         if self.optional:
             d["optional"] = True
@@ -164,12 +194,40 @@ class NewRecord:
     early: Early = ()
     no_live: bool = False
     defer: bool = False
+    # DECIDE reads the target's heartbeat itself (no_live, or 'reach' when the command does not fit it): the
+    # command was made with every step, and `need` are their actions.
+    check_reach: bool = False
+    need: tuple[str, ...] = ()
+    # A new followed record needs the reconciler now (a silence, a notification, conditions to evaluate);
+    # otherwise one still dispatched or held waits for its ack, expiry or approval deadline like any other.
+    visit_now: bool = True
+
+    @property
+    def later(self) -> float:
+        """When a dispatched or held record is next due, unless something needs the reconciler sooner."""
+        return self.now + min(self.expire_after, self.approval_timeout, self.obligation_due)
+
+    def first_due(self, status: str, new: bool) -> float | None:
+        """When the reconciler must first look at this record's target, given DECIDE's answer (None: never)."""
+        held = status == "pending_approval"
+        if ((self.follow and new and (self.visit_now or (status != "dispatched" and not held)))
+                or (self.mode == "resolved" and status != "stale")):
+            return self.now
+        if status == "dispatched" or held or (self.undo and status == "dry_run"):
+            return self.later
+        return None
 
     def call(self, scripts: Scripts) -> Call:
         """The DECIDE call (script, keys, args) for run_scripts."""
+        ks, args = self.keys_args(scripts.cluster)
+        return scripts.decide, ks, [dumps(args)]
+
+    def keys_args(self, cluster: bool) -> tuple[list[str], dict[str, Any]]:
+        """DECIDE's ten KEYS and its ARGV[1] (before JSON)."""
         t = self.target
+        at = rfc3339(self.now)
         fields: dict[str, Any] = {
-            "id": self.rid, "created_at": rfc3339(self.now), "created_ms": ms(self.now), "playbook": self.playbook,
+            "id": self.rid, "created_at": at, "created_ms": ms(self.now), "playbook": self.playbook,
             "n": len(self.steps), "alert": dumps(capped_alert(self.alert)), "target": dumps(t.as_dict()),
             "mode": self.mode, "detail": self.detail, "context": dumps(self.context),
             "expire_after": self.expire_after, "requested_by": self.requested_by, "fence": self.fence,
@@ -183,7 +241,7 @@ class NewRecord:
             fields[f"a:{i}:spec"] = st.spec()
         now_ms = ms(self.now)
         args = {
-            "now": now_ms, "at": rfc3339(self.now), "mode": self.mode, "start": self.episode_start,
+            "now": now_ms, "at": at, "mode": self.mode, "start": self.episode_start,
             "rid": self.rid, "forced_reason": self.forced_reason, "cooldown_ms": ms(self.cooldown),
             "budget_count": self.budget[0], "budget_window_ms": ms(self.budget[1]), "approval": int(self.approval),
             "dry": int(self.dry_run), "undo": int(self.undo), "record_ttl_ms": ms(self.record_ttl),
@@ -194,13 +252,41 @@ class NewRecord:
             "ob_due_ms": now_ms + ms(self.obligation_due), "n": len(self.steps), "fields": fields,
             "follow": int(self.follow), "ends_at": self.ends_at, "ends_ms": self.ends_ms,
             "early": early_arg(self.early), "no_live": int(self.no_live), "defer": int(self.defer),
+            "hb": int(self.check_reach), "need": list(self.need),
         }
         ks = [keys.record(self.rid), keys.mailbox(t), keys.episode(t, self.playbook, self.fingerprint),
               keys.cooldown(t, self.playbook), keys.budget(t, self.playbook),
               keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
-        if self.prev:
-            ks.append(keys.record(self.prev))
-        return scripts.decide, ks, [dumps(args)]
+        # The ladder's previous record (mode stage), else the record again (DECIDE reads it only in a stage).
+        ks.append(keys.record(self.prev) if self.prev else ks[0])
+        ks.append(keys.metrics(t, cluster))
+        ks.append(keys.heartbeat(t))
+        return ks, args
+
+
+# Pairs per DECIDE_MANY call: one call holds Redis for the whole batch, so a 1,000-alert notification is
+# cut into a few (all still in one pipeline, one round trip).
+DECIDE_BATCH = 100
+
+
+def decide_many_calls(scripts: Scripts, made: list[NewRecord], index: bool) -> list[Call]:
+    """DECIDE_MANY calls for pairs whose keys share one slot (all pairs, on a single Redis), in order;
+    with index, each call also writes the history, approvals and due-target indexes of what it made."""
+    calls: list[Call] = []
+    for start in range(0, len(made), DECIDE_BATCH):
+        chunk = made[start:start + DECIDE_BATCH]
+        ks: list[str] = []
+        argv: list[Any] = [dumps({"n": len(chunk), "index": int(index)})]
+        for n in chunk:
+            k, args = n.keys_args(scripts.cluster)
+            ks += k
+            args["ix"] = {"label": n.target.label, "follow_now": int(n.visit_now), "later_ms": ms(n.later),
+                          "approve_by_s": repr(n.now + n.approval_timeout)}
+            argv.append(dumps(args))
+        if index:
+            ks += [keys.HIST_JOURNAL, keys.APPROVALS, keys.DUE, keys.MAILBOXES]
+        calls.append((scripts.decide_many, ks, argv))
+    return calls
 
 
 def approve_call(scripts: Scripts, rid: str, *, verb: str, now: float, by: str, comment: str, command: str,
@@ -216,7 +302,7 @@ def approve_call(scripts: Scripts, rid: str, *, verb: str, now: float, by: str, 
             "ob_member": keys.obligation_member(playbook, fingerprint),
             "ob_due_ms": int((now + obligation_due) * 1000), "episode_ttl_ms": int(episode_ttl * 1000), "rid": rid}
     ks = [keys.record(rid), keys.mailbox(t), keys.episode(t, playbook, fingerprint),
-          keys.obligation(t, playbook, fingerprint), keys.due_items(t)]
+          keys.obligation(t, playbook, fingerprint), keys.due_items(t), keys.metrics(t, scripts.cluster)]
     return scripts.approve, ks, [dumps(args)]
 
 
@@ -229,7 +315,8 @@ def claim(scripts: Scripts, target: keys.Target, entry_id: str, record_id: str |
     """Take a mailbox entry: 'ok', 'taken', 'missing', 'expired', 'replayed' or 'gone' (see lua/claim.lua)."""
     # A malformed entry names no record: it still moves the cursor, under a key that never exists.
     rec = keys.record(record_id) if record_id else keys.record_prefix(target) + "-"
-    answer = scripts.claim(keys=[keys.cursor(target), rec, keys.due_items(target)],
+    answer = scripts.claim(keys=[keys.cursor(target), rec, keys.due_items(target),
+                                 keys.metrics(target, scripts.cluster)],
                            args=[entry_id, identity, ms(now), ms(cursor_ttl), rfc3339(now), record_id or "-",
                                  ms(now + CLAIM_RECHECK)])
     return answer.decode() if isinstance(answer, bytes) else str(answer)
@@ -247,8 +334,8 @@ def ack_calls(scripts: Scripts, acks: Iterable[Ack], now: float) -> list[Call]:
                 "acked_at": a.acked_at, "acked_by": a.acked_by, "now": int(now * 1000), "replayed": int(a.replayed),
                 "stats_ttl_ms": STATS_TTL_MS, "ledger": int(bool(spec and spec.sticky and t.kind == "job")),
                 "ledger_max": LEDGER_MAX, "rid": a.record_id, "buckets": list(ACK_LATENCY_BUCKETS)}
-        calls.append((scripts.ack, [keys.record(a.record_id), keys.ack_stats(t), keys.ledger(t), keys.due_items(t)],
-                      [dumps(args)]))
+        calls.append((scripts.ack, [keys.record(a.record_id), keys.ack_stats(t), keys.ledger(t), keys.due_items(t),
+                                    keys.metrics(t, scripts.cluster)], [dumps(args)]))
     return calls
 
 
@@ -282,7 +369,8 @@ def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float
             "recheck_ms": int(recheck * 1000), "maxlen": maxlen, "channel": keys.wake_channel(target),
             "rec_prefix": keys.record_prefix(target), "limit": limit}
     nxt, changed, obligations, follow = scripts.reconcile(
-        keys=[keys.due_items(target), keys.mailbox(target), keys.heartbeat(target)], args=[dumps(args)])
+        keys=[keys.due_items(target), keys.mailbox(target), keys.heartbeat(target),
+              keys.metrics(target, scripts.cluster)], args=[dumps(args)])
     flat = [str(x) for x in changed]
     due = int(float(nxt))
     return Reconciled(None if due < 0 else due, tuple(zip(flat[::2], flat[1::2])), tuple(map(str, obligations)),
@@ -295,7 +383,8 @@ def deferred(scripts: Scripts, record_id: str, now: float, command: str, signatu
     t = keys.target_of_record(record_id)
     args = {"now": int(now * 1000), "at": rfc3339(now), "rid": record_id, "command": command, "signature": signature,
             "channel": keys.wake_channel(t), "maxlen": maxlen, "early": early_arg(early)}
-    answer = scripts.deferred(keys=[keys.record(record_id), keys.mailbox(t), keys.due_items(t)], args=[dumps(args)])
+    answer = scripts.deferred(keys=[keys.record(record_id), keys.mailbox(t), keys.due_items(t),
+                                    keys.metrics(t, scripts.cluster)], args=[dumps(args)])
     return str(answer) if answer else None
 
 
@@ -304,7 +393,8 @@ def verdict(scripts: Scripts, record_id: str, status: str, resolved_at: str | No
     """Decide a pending outcome (see lua/verdict.lua); False when it was not pending any more."""
     args = {"status": status, "resolved_at": resolved_at or "",
             "time_to_resolve_s": -1 if time_to_resolve is None else round(time_to_resolve, 3)}
-    return bool(scripts.verdict(keys=[keys.record(record_id)], args=[dumps(args)]))
+    t = keys.target_of_record(record_id)
+    return bool(scripts.verdict(keys=[keys.record(record_id), keys.metrics(t, scripts.cluster)], args=[dumps(args)]))
 
 
 # -- reading --------------------------------------------------------------------------------------------
@@ -364,6 +454,37 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
         return None
     h = r.hgetall(key)
     return from_hash(h) if h else None
+
+
+# -- the service's own bookkeeping on a record ------------------------------------------------------------
+# Besides what the Lua scripts write, the reconciler keeps marks on the record: `follow` (it still follows
+# the record), `notified:<event>`, `counted:<outcome>`, `ladder_end`, and `silence_claim` / `silence_id` /
+# `silence_error`. Marks are set with HSETNX so that racing replicas do each thing once.
+
+def stored(r: Any, record_id: str) -> dict[str, str]:
+    """The record's hash as Redis holds it ({} when it is gone): the service's view, before from_hash."""
+    return dict(r.hgetall(keys.record(record_id)))
+
+
+def field(r: Any, record_id: str, name: str) -> str | None:
+    """One stored field of the record."""
+    value = r.hget(keys.record(record_id), name)
+    return None if value is None else str(value)
+
+
+def mark_once(r: Any, record_id: str, name: str, value: str = "1") -> bool:
+    """Set a mark unless it is set already: True for the one caller that set it."""
+    return bool(r.hsetnx(keys.record(record_id), name, value))
+
+
+def set_marks(r: Any, record_id: str, **marks: str) -> None:
+    """Set (overwrite) bookkeeping marks on the record."""
+    r.hset(keys.record(record_id), mapping=marks)
+
+
+def drop_mark(r: Any, record_id: str, name: str) -> None:
+    """Remove a bookkeeping mark (the reconciler stops following a record)."""
+    r.hdel(keys.record(record_id), name)
 
 
 # -- the shape, for the OpenAPI description --------------------------------------------------------------

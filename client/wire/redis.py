@@ -2,12 +2,74 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
+from . import keys as wire_keys
+
 DEFAULT_TIMEOUT = 2.0
+
+
+class ScriptsNotLoaded(redis.ConnectionError):
+    """Redis has lost trainmedic's scripts (a restart) and this user may not load them; the service does.
+
+    A ConnectionError, so appliers treat it as Redis being briefly unavailable and try again: trainers and
+    agents run only the scripts the service loaded (their users lack SCRIPT LOAD, so none can run Lua of its
+    own, such as a busy loop that would stall Redis for everyone).
+    """
+
+
+def _not_loaded(exc: redis.exceptions.NoPermissionError) -> Exception:
+    """The error to raise for a refused SCRIPT LOAD: ScriptsNotLoaded, else the error itself."""
+    if "script|load" in str(exc).lower():
+        return ScriptsNotLoaded("Redis lost trainmedic's scripts and this user may not load them; the service "
+                                "loads them again within a second of noticing")
+    return exc
+
+
+class GuardedScript:
+    """A redis-py Script whose refused reload (NOPERM on SCRIPT LOAD) is ScriptsNotLoaded."""
+
+    def __init__(self, script: Any, journals: bool = False):
+        self._script = script
+        # Whether the script may journal a history change (lua/common.lua hist_touch): on a cluster, in its
+        # target's slot, so the target is named in keys.HIST_DIRTY after it ran (mark_journaled).
+        self.journals = journals
+
+    @property
+    def sha(self) -> str:
+        return str(self._script.sha)
+
+    @property
+    def script(self) -> str:
+        return str(self._script.script)
+
+    def __call__(self, keys: Any = (), args: Any = (), client: Any = None) -> Any:
+        try:
+            answer = self._script(keys=list(keys), args=list(args), client=client)
+        except redis.exceptions.NoPermissionError as exc:
+            raise _not_loaded(exc) from exc
+        if self.journals:
+            mark_journaled(client or self._script.registered_client, list(keys))
+        return answer
+
+
+_TAGGED = re.compile(r"^" + re.escape(wire_keys.PREFIX) + r"\{((?:job|node):[A-Za-z0-9_.:@-]{0,128})\}:")
+
+
+def mark_journaled(r: Any, script_keys: list[str]) -> None:
+    """Redis Cluster: name in keys.HIST_DIRTY the targets (of the scripts' keys) whose own history journal the
+    scripts may just have written, so the history indexer moves it before the next query. (One DECIDE_MANY
+    call may hold several targets whose tags share a slot.) A single Redis journals into the global list
+    directly: nothing to do there."""
+    if not is_cluster(r):
+        return
+    labels = {m.group(1) for m in map(_TAGGED.match, script_keys) if m}
+    if labels:
+        r.sadd(wire_keys.HIST_DIRTY, *sorted(labels))
 
 
 def redis_url(url: str | None = None) -> str:
@@ -38,6 +100,11 @@ def connect(url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **kw: Any)
     return r
 
 
+def is_cluster(r: Any) -> bool:
+    """Whether r is a Redis Cluster client (its keys live in many slots)."""
+    return isinstance(r, RedisCluster)
+
+
 def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
     """EVALSHA each (script, keys, args) in one non-transactional pipeline; returns their answers.
 
@@ -56,13 +123,18 @@ def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[A
     missing = [i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)]
     if missing:
         for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-            r.script_load(script.script)
+            try:
+                r.script_load(script.script)
+            except redis.exceptions.NoPermissionError as exc:
+                raise _not_loaded(exc) from exc
         pipe = r.pipeline(transaction=False)
         for i in missing:
             script, ks, args = calls[i]
             pipe.execute_command("EVALSHA", script.sha, len(ks), *ks, *args)
         for i, a in zip(missing, pipe.execute(raise_on_error=False)):
             answers[i] = a
+    if is_cluster(r):
+        mark_journaled(r, [k for script, ks, _ in calls if getattr(script, "journals", False) for k in ks])
     for a in answers:
         if isinstance(a, Exception):
             raise a

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,13 +136,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.dry_run:
         env["TRAINMEDIC_DRY_RUN"] = "1"
     conf = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
+    # Ctrl-C / SIGTERM from here on stops the children: one that came before supervise() began (right after the
+    # announcement, say) would otherwise end this process and leave gunicorn running.
+    stop = _catch_stop()
     procs = [subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(conf)], env=env)]
     node = node_name()
     if not args.no_agent:
         procs.append(_agent(args, node, env, verify_key, data))
     _announce(args, settings, url, embedded is not None, data, verify_key, node,
               token_made="TRAINMEDIC_OPERATOR_TOKEN_FILE" in secret_env)
-    return supervise(procs, embedded)
+    return supervise(procs, embedded, stop)
 
 
 def _ping(url: str) -> None:
@@ -205,19 +209,25 @@ def _announce(args: argparse.Namespace, settings: Settings, url: str, embedded: 
           flush=True)
 
 
-def supervise(procs: list[subprocess.Popen], embedded: Any) -> int:
+def _catch_stop() -> threading.Event:
+    """An event that Ctrl-C / SIGTERM sets (instead of ending this process)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def supervise(procs: list[subprocess.Popen], embedded: Any, stop: threading.Event | None = None) -> int:
     """Wait until Ctrl-C / SIGTERM or a child dies; then stop every child and the embedded Redis."""
-    stopping = False
-
-    def stop(signum: int, frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    if stop is None:
+        stop = _catch_stop()
     code = 0
     try:
-        while not stopping:
+        while not stop.is_set():
             dead = [p for p in procs if p.poll() is not None]
             if dead:
                 what = "gunicorn" if dead[0] is procs[0] else "the node agent"

@@ -12,12 +12,15 @@ from collections.abc import Iterable, Sequence
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
 from trainmedic.client.wire.records import Step
-from trainmedic.client.wire.redis import run_scripts
+from trainmedic.client.wire.redis import is_cluster, run_scripts
 from trainmedic.client.wire.signing import Signer
 
+from .. import history
 from .plan import Decision
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# Two Crockford characters per 10 bits: an id is 13 look-ups instead of 26.
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
 _id_lock = threading.Lock()
 _last_us = 0
 
@@ -30,7 +33,7 @@ def new_record_id(target: keys.Target) -> str:
         us = max(time.time_ns() // 1000, _last_us + 1)
         _last_us = us
     n = (us << 75) | int.from_bytes(os.urandom(10), "big") >> 5
-    ulid = "".join(_CROCKFORD[(n >> s) & 31] for s in range(125, -5, -5))
+    ulid = "".join([_PAIRS[(n >> s) & 1023] for s in range(120, -10, -10)])
     return f"{ulid}~{target.kind}~{target.name}"
 
 
@@ -148,18 +151,55 @@ class Dispatcher:
         self.scripts = records.Scripts(r)
 
     def execute(self, decisions: list[Decision]) -> list[Outcome]:
-        """Decide, record and dispatch each decision atomically, then index the new records."""
+        """Decide, record and dispatch each decision atomically, and index the new records.
+
+        One DECIDE_MANY call per hash slot, all in one pipeline: on a single Redis that is one call for the
+        whole notification, indexes included (one round trip); on Redis Cluster one call per slot that the
+        notification's targets fall in, then the indexes (their own slots) in a second pipeline.
+        """
         if not decisions:
             return []
         now = time.time()
-        reach = self.reach({d.target for d in decisions if d.steps and not d.resolution.reason})
-        news = [self.new_record(d, now, reach=reach.get(d.target)) for d in decisions]
-        answers = run_scripts(self.r, [n.call(self.scripts) for n in news])
+        # DECIDE reads each target's heartbeat itself; a pair whose command does not fit it comes back
+        # 'reach' (nothing written) and is decided again below with the heartbeat read here.
+        news = [self.new_record(d, now, check_reach=bool(d.steps and not d.resolution.reason and d.target.name))
+                for d in decisions]
+        answers = self._run(news)
+        again = [i for i, a in enumerate(answers) if str(a[0]) == "reach"]
+        if again:
+            reach = self.reach({decisions[i].target for i in again})
+            for i in again:
+                news[i] = self.new_record(decisions[i], now, reach=reach.get(decisions[i].target))
+            for i, a in zip(again, self._run([news[i] for i in again])):
+                answers[i] = a
         outcomes = [Outcome(status=str(a[0]), record_id=str(a[1]) or None, playbook=d.playbook.name,
                             fingerprint=d.alert.fingerprint, reason=str(a[2]) or None)
                     for d, a in zip(decisions, answers)]
-        self.index([(o, n) for o, n in zip(outcomes, news)])
+        if is_cluster(self.r):
+            self.index([(o, n) for o, n in zip(outcomes, news)])
+        # DECIDE_MANY journaled the records: a history query folds the journal in before it answers, so they
+        # are listed as soon as the webhook has answered, without the webhook waiting for the indexer.
         return outcomes
+
+    def _run(self, news: list[records.NewRecord]) -> list[Any]:
+        """DECIDE_MANY's answers for these pairs, in order (with the indexes on a single Redis)."""
+        if not is_cluster(self.r):
+            answers = [a for batch in run_scripts(self.r, records.decide_many_calls(self.scripts, news, True))
+                       for a in batch]
+        else:
+            from redis.crc import key_slot
+
+            slots: dict[int, list[int]] = {}
+            for i, n in enumerate(news):
+                slots.setdefault(key_slot(n.target.tag.encode()), []).append(i)
+            order = [i for idxs in slots.values() for i in idxs]
+            calls = [c for idxs in slots.values()
+                     for c in records.decide_many_calls(self.scripts, [news[i] for i in idxs], False)]
+            flat = [a for batch in run_scripts(self.r, calls) for a in batch]
+            answers = [None] * len(news)
+            for i, a in zip(order, flat):
+                answers[i] = a
+        return answers
 
     def reach(self, targets: Iterable[keys.Target]) -> dict[keys.Target, Reach]:
         """Each target's heartbeat, read in one round trip."""
@@ -172,8 +212,10 @@ class Dispatcher:
         return {t: Reach.from_heartbeat(raw) for t, raw in zip(ts, pipe.execute())}
 
     def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
-                   extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None) -> records.NewRecord:
-        """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder)."""
+                   extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
+                   check_reach: bool = False) -> records.NewRecord:
+        """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder);
+        check_reach: made with every step, for DECIDE to check against the heartbeat."""
         pb, s, target = d.playbook, self.settings, d.target
         rid = new_record_id(target)
         steps = d.steps
@@ -199,7 +241,9 @@ class Dispatcher:
             early=early, no_live=reach is not None and not reach.live, defer=defer,
             verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=parent, prev=prev,
             ends_at=d.alert.ends_at if d.mode == "resolved" else "",
-            ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra)
+            ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra,
+            check_reach=check_reach, need=tuple(st.action for _, st in send) if check_reach else (),
+            visit_now=defer or bool(pb.notify) or s.notify or pb.silence)
 
     def index(self, made: list[tuple[Outcome, records.NewRecord]]) -> None:
         """Index new records: history, approvals, and the reconciler's due targets."""
@@ -209,20 +253,18 @@ class Dispatcher:
         due: dict[str, float] = {}
         for o, n in made:
             label = n.target.label
-            if (n.follow and o.new) or (n.mode == "resolved" and o.status != "stale"):
-                # The reconciler looks now: a followed record's silence and notifications, or the outcome of
-                # the records a resolve just decided.
-                first = n.now
-            elif o.status in ("dispatched", "pending_approval") or (n.undo and o.status == "dry_run"):
-                first = n.now + min(n.expire_after, n.approval_timeout, n.obligation_due)
-            else:
+            # The reconciler looks now at a followed record's silence, notifications and conditions, or at
+            # the outcome of the records a resolve just decided; else at the record's expiry or deadline
+            # (an ack brings that forward). DECIDE_MANY does the same in Lua (lua/decide_many.lua).
+            first = n.first_due(o.status, o.new)
+            if first is None:
                 continue
             due[label] = min(due.get(label, first), first)
         if not ids and not due:
             return
         pipe = self.r.pipeline(transaction=False)
         if ids:
-            pipe.zadd(keys.HISTORY, {i: 0 for i in ids})
+            pipe.rpush(keys.HIST_JOURNAL, *ids)  # on a single Redis DECIDE journaled them already: harmless
         held = {o.record_id: n.now + n.approval_timeout for o, n in made if o.status == "pending_approval"}
         if held:
             pipe.zadd(keys.APPROVALS, held)
@@ -231,6 +273,10 @@ class Dispatcher:
             pipe.zadd(keys.DUE, {label: int(t * 1000) for label, t in due.items()}, lt=True)
             pipe.sadd(keys.MAILBOXES, *due)
         pipe.execute()
+        if ids:
+            # Listed and filterable once the webhook answers (CONTRACT "GET /history"): index the journal now,
+            # these records and whatever else it holds (or wait for the indexer at work to do it).
+            history.catch_up(self.r)
 
     def decide_one(self, d: Decision, now: float | None = None, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = ()) -> Outcome:
@@ -245,7 +291,7 @@ class Dispatcher:
     def decide_held(self, record_id: str, verb: str, by: str, comment: str, undo: bool,
                     obligation_due: float) -> list:
         """Approve (release, signed anew with a fresh expiry) or reject a record held for approval."""
-        h = self.r.hgetall(keys.record(record_id))
+        h = records.stored(self.r, record_id)
         if not h:
             return ["missing"]
         target = keys.target_of_record(record_id)

@@ -89,9 +89,9 @@ class FollowUp:
 
     def run(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
         """Do what is due for the record, then set when it is next due (or stop following it)."""
-        h = self.r.hgetall(keys.record(rid))
+        h = records.stored(self.r, rid)
         if h.get("conds") == "1" and h.get("status") == "dispatched":
-            h = self.r.hgetall(keys.record(rid)) if self.conditions.run(target, h, now) else h
+            h = records.stored(self.r, rid) if self.conditions.run(target, h, now) else h
         pb = self.playbooks.get(h.get("playbook", "")) if h else None
         if not h or h.get("follow") != "1" or pb is None:
             self._stop(target, rid)
@@ -112,7 +112,7 @@ class FollowUp:
             self.r.zadd(keys.due_items(target), {rid: int(due * 1000)})
 
     def _stop(self, target: keys.Target, rid: str) -> None:
-        self.r.hdel(keys.record(rid), "follow")
+        records.drop_mark(self.r, rid, "follow")
         self.r.zrem(keys.due_items(target), rid)
 
     # -- notifications, silences
@@ -122,8 +122,7 @@ class FollowUp:
         if not url or not events:
             return
         rid = h["id"]
-        key = keys.record(rid)
-        fresh = [e for e in ordered(events) if self.r.hsetnx(key, f"notified:{e}", "1")]
+        fresh = [e for e in ordered(events) if records.mark_once(self.r, rid, f"notified:{e}")]
         if not fresh:
             return
         target = records.loads_or(h.get("target"), {})
@@ -138,12 +137,13 @@ class FollowUp:
 
     def _make_silence(self, h: Mapping[str, str], pb: Playbook, now: float) -> str | None:
         """Silence the alert for the ladder's length, once; its id (None when not made, or made elsewhere)."""
-        rid, key = h["id"], keys.record(h["id"])
-        if not self.r.hsetnx(key, "silence_claim", str(int(now * 1000))):
-            claimed = int(self.r.hget(key, "silence_claim") or 0) / 1000
-            if now - claimed > SILENCE_CLAIM_TIMEOUT and not self.r.hexists(key, "silence_id"):
-                self.r.hsetnx(key, "silence_error", "the reconciler stopped while it was making the silence")
-            return self.r.hget(key, "silence_id")
+        rid = h["id"]
+        if not records.mark_once(self.r, rid, "silence_claim", str(int(now * 1000))):
+            claimed = int(records.field(self.r, rid, "silence_claim") or 0) / 1000
+            if now - claimed > SILENCE_CLAIM_TIMEOUT and records.field(self.r, rid, "silence_id") is None:
+                records.mark_once(self.r, rid, "silence_error",
+                                  "the reconciler stopped while it was making the silence")
+            return records.field(self.r, rid, "silence_id")
         assert self.alertmanager is not None
         alert = records.loads_or(h.get("alert"), {})
         dispatched = int(h.get("dispatched_ms") or h.get("created_ms") or now * 1000) / 1000
@@ -153,9 +153,9 @@ class FollowUp:
                                                    f"trainmedic is remediating: {self.link(rid)}")
         except HttpError as exc:
             log.warning("silence for %s not made: %s", rid, exc.message, extra={"remediation_id": rid})
-            self.r.hset(key, "silence_error", f"the silence could not be made: {exc.message}")
+            records.set_marks(self.r, rid, silence_error=f"the silence could not be made: {exc.message}")
             return None
-        self.r.hset(key, "silence_id", sid)
+        records.set_marks(self.r, rid, silence_id=sid)
         log.info("silenced alert %s until the ladder ends", alert.get("alertname"), extra={"remediation_id": rid})
         return sid
 
@@ -183,7 +183,7 @@ class FollowUp:
     def count(self, h: Mapping[str, str], pb: Playbook, status: str, now: float,
               time_to_resolve: float | None = None) -> None:
         """Note an outcome for GET /playbooks and /metrics, once per record and outcome."""
-        if self.r.hsetnx(keys.record(h["id"]), f"counted:{status}", "1"):
+        if records.mark_once(self.r, h["id"], f"counted:{status}"):
             outcomes.note(self.r, pb.name, h["id"], status, now, time_to_resolve)
 
     def next_stage(self, target: keys.Target, h: Mapping[str, str], first: Mapping[str, str], pb: Playbook,
@@ -211,16 +211,17 @@ class FollowUp:
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(ep, mapping={"res_start": start, "res_ms": ms, "res_at": at})
         pipe.pexpire(ep, int(self.dispatcher.settings.episode_ttl * 1000))
-        rid, hops = first_id, 0
+        rid: str | None = first_id
+        hops = 0
         while rid and hops < 64:
             pipe.zadd(keys.due_items(target), {rid: ms}, xx=True)
-            rid, hops = self.r.hget(keys.record(rid), "next"), hops + 1
+            rid, hops = records.field(self.r, rid, "next"), hops + 1
         pipe.execute()
         return Resolved(at, ms)
 
     def end_ladder(self, first: Mapping[str, str], pb: Playbook, how: str, events: list[str]) -> None:
         """End the ladder once: expire its silence, and say so when it ended unresolved."""
-        if not self.r.hsetnx(keys.record(first["id"]), "ladder_end", how):
+        if not records.mark_once(self.r, first["id"], "ladder_end", how):
             return
         log.info("ladder of %s ended: %s", first["id"], how, extra={"remediation_id": first["id"]})
         self._expire_silence(first)
@@ -238,7 +239,7 @@ class _Pass:
         self.stage = int(h.get("stage") or 0)
         self.alert = records.loads_or(h.get("alert"), {})
         self.fingerprint = str(self.alert.get("fingerprint", ""))
-        self.first = h if not h.get("parent") else (f.r.hgetall(keys.record(h["parent"])) or h)
+        self.first = h if not h.get("parent") else (records.stored(f.r, h["parent"]) or h)
         self.events: list[str] = []
         self.due: list[float] = []
         self._active: bool | None = None

@@ -21,6 +21,7 @@ import redis
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import rfc3339
 
+from .. import history
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
 from ..rules.targets import Resolution
@@ -103,7 +104,7 @@ class Reconciler:
             return False  # another reconciler saw it first
         pipe = self.r.pipeline(transaction=False)
         pipe.incr(keys.RESETS)
-        pipe.set(keys.RESETS + ":at", rfc3339(), ex=int(RESET_BANNER_SECONDS))
+        pipe.set(keys.RESET_AT, rfc3339(), ex=int(RESET_BANNER_SECONDS))
         pipe.execute()
         log.error("Redis came back without trainmedic's data (restarted without persistence, flushed, or a "
                   "failover to an empty replica): records, episodes and cooldowns before now are gone; the "
@@ -115,6 +116,8 @@ class Reconciler:
         """One pass over every target with something due (call it directly in tests)."""
         now = time.time() if now is None else now
         report = TickReport(reset=self._check_epoch())
+        if records.load_scripts(self.r):
+            log.info("loaded the scripts into Redis (it had none: a restart), for trainers and agents to run")
         view = AlertView(self.alertmanager)
         due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
         for label in due:
@@ -190,7 +193,7 @@ class Reconciler:
         if not over:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
-        rec = self.r.hgetall(keys.record(ob["rid"])) if ob.get("rid") else {}
+        rec = records.stored(self.r, ob["rid"]) if ob.get("rid") else {}
         alert = alert_of_record(records.loads_or(rec.get("alert"), {}), "resolved", fingerprint)
         context = records.loads_or(rec.get("context"), {}) if rec else {}
         outcome = self.dispatcher.decide_one(
@@ -209,17 +212,12 @@ class Reconciler:
         pipe.zremrangebyscore(keys.APPROVALS, "-inf", now)
         # Targets that sent no heartbeat for a day (GET /targets trims them too, when someone asks).
         pipe.zremrangebyscore(keys.TARGETS, "-inf", now - TARGETS_MAX_AGE)
+        for kind in keys.TARGET_KINDS:  # heartbeats that stopped counting as live a day ago
+            pipe.zremrangebyscore(keys.live(kind), "-inf", int((now - TARGETS_MAX_AGE) * 1000))
         pipe.execute()
-        excess = int(self.r.zcard(keys.HISTORY)) - self.settings.history_max
-        if excess <= 0:
-            return 0
-        ids = self.r.zrange(keys.HISTORY, 0, min(excess, 10_000) - 1)
-        pipe = self.r.pipeline(transaction=False)
-        for rid in ids:
-            pipe.delete(keys.record(rid))
-        pipe.zrem(keys.HISTORY, *ids)
-        pipe.execute()
-        return len(ids)
+        # The history index: index what the journal holds, delete records past the count and sweep those that
+        # expired by age out of every index (service/history.py).
+        return history.trim(self.r, self.settings.history_max)
 
     # -- running in the background
     def start(self) -> Reconciler:

@@ -72,7 +72,7 @@ SCHEMAS: dict[str, Any] = {
             "startsAt": {"type": "string", "format": "date-time", "example": "2026-11-22T01:25:24.115697517Z"},
             "endsAt": {"type": "string", "nullable": True},
             "generatorURL": {"type": "string", "nullable": True},
-            "fingerprint": {"type": "string", "nullable": True, "pattern": "^[A-Za-z0-9]{0,64}$",
+            "fingerprint": {"type": "string", "nullable": True, "pattern": alerts.FINGERPRINT_PATTERN,
                             "description": "Derived from the labels when absent or empty."},
         },
     },

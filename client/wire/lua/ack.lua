@@ -6,6 +6,8 @@
 -- A final status is never overwritten, except `lost`: an ack that arrives after all is the truth.
 local a = cjson.decode(ARGV[1])
 local rec = KEYS[1]
+-- KEYS[5] the metrics hash (see common.lua): counts and latency summed over every target
+metrics_key = KEYS[5]
 if redis.call('EXISTS', rec) == 0 then return false end
 local now = tonumber(a.now)
 local p = 'a:' .. a.index .. ':'
@@ -17,7 +19,11 @@ redis.call('HSET', rec, p .. 'status', a.status, p .. 'reason', a.reason, p .. '
            p .. 'acked_at', a.acked_at, p .. 'acked_by', a.acked_by)
 if st == 'lost' then
   redis.call('HSET', rec, p .. 'late', '1')
-  if redis.call('HGET', rec, 'status') == 'lost' then redis.call('HSET', rec, 'status', 'dispatched') end
+  if redis.call('HGET', rec, 'status') == 'lost' then
+    redis.call('HSET', rec, 'status', 'dispatched')
+    hist_touch(rec)
+    count_backlog(rec, 1)
+  end
 end
 local sent = tonumber(redis.call('HGET', rec, 'dispatched_ms') or '')
 local latency = -1
@@ -25,16 +31,21 @@ local latency = -1
 if sent then latency = math.max(0, now - sent) end
 local spec = cjson.decode(redis.call('HGET', rec, p .. 'spec') or '{}')
 local action = spec.action or 'unknown'
-redis.call('HINCRBY', KEYS[2], 'n|' .. action .. '|' .. a.status, 1)
-if latency >= 0 then
-  local seconds, slot = latency / 1000, 'inf'
-  for i, le in ipairs(a.buckets) do
-    if seconds <= le then slot = tostring(i - 1); break end
+-- The target's own stats, and the same counts in the metrics hash (summed over every target).
+local stats = {KEYS[2]}
+if metrics_key ~= KEYS[2] then stats[2] = metrics_key end
+for _, key in ipairs(stats) do
+  redis.call('HINCRBY', key, 'n|' .. action .. '|' .. a.status, 1)
+  if latency >= 0 then
+    local seconds, slot = latency / 1000, 'inf'
+    for i, le in ipairs(a.buckets) do
+      if seconds <= le then slot = tostring(i - 1); break end
+    end
+    redis.call('HINCRBY', key, 'b|' .. action .. '|' .. slot, 1)
+    redis.call('HINCRBYFLOAT', key, 's|' .. action, seconds)
   end
-  redis.call('HINCRBY', KEYS[2], 'b|' .. action .. '|' .. slot, 1)
-  redis.call('HINCRBYFLOAT', KEYS[2], 's|' .. action, seconds)
+  redis.call('PEXPIRE', key, a.stats_ttl_ms)
 end
-redis.call('PEXPIRE', KEYS[2], a.stats_ttl_ms)
 if tonumber(a.ledger) == 1 and a.status == 'applied' and tonumber(a.replayed) ~= 1 then
   -- With the signed command it came in, so a resumed client that verifies can check the entry (nothing else
   -- stops whoever may write the job's keys from appending one).

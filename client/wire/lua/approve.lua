@@ -7,10 +7,13 @@
 -- Returns {'dispatched'}, {'rejected'}, {'missing'}, {'not_pending', status} or {'expired'}.
 local a = cjson.decode(ARGV[1])
 local rec = KEYS[1]
+-- KEYS[6] the metrics hash (see common.lua)
+metrics_key = KEYS[6]
 local now = tonumber(a.now)
 if redis.call('EXISTS', rec) == 0 then return {'missing'} end
 local st = redis.call('HGET', rec, 'status')
 if st ~= 'pending_approval' then return {'not_pending', st} end
+hist_touch(rec)  -- every path below changes its status
 if now > tonumber(redis.call('HGET', rec, 'approve_by') or '0') then
   end_open(rec, 'expired', 'approval_expired', 'Nobody approved it in time.', a.at)
   redis.call('HSET', rec, 'status', 'expired', 'reason', 'approval_expired')
@@ -33,6 +36,7 @@ if a.verb == 'reject' then
   done_or_follow(rec, KEYS[5], a.rid, now)
   return {'rejected'}
 end
+count_backlog(rec, 1)
 redis.call('HSET', rec, 'status', 'dispatched', 'dispatched_ms', now, 'expires_ms', a.expires_ms,
            'approved_by', a.by, 'approved_at', a.at, 'approval_comment', a.comment)
 decide_early(rec, a.early, a.at)

@@ -12,6 +12,8 @@ local function older(x, y)
   return xm < ym or (xm == ym and xs <= ys)
 end
 local rec = KEYS[2]
+-- KEYS[4] the metrics hash (see common.lua)
+metrics_key = KEYS[4]
 local cur = redis.call('GET', KEYS[1]) or '0-0'
 if older(ARGV[1], cur) then return 'taken' end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])

@@ -1,5 +1,41 @@
 -- Shared functions, prepended to the scripts that use them (client/wire/records.py does the prepending).
 
+-- The metrics hash (GET /metrics reads it instead of every target): each script that may change a record's
+-- status to or from `dispatched` sets this from its KEYS. Fields: backlog|KIND (records dispatched and not
+-- settled: trainmedic_mailbox_backlog), and ACK's n|ACTION|STATUS, b|ACTION|BUCKET, s|ACTION.
+local metrics_key = nil
+-- Metrics keys whose TTL this call already set: once per key per call is enough.
+local metrics_ttl = {}
+
+-- The history index (service/history.py) learns of a record that was made or whose status or outcome changed
+-- through a journal of record ids: the global one on a single Redis (metrics_key is the global hash there),
+-- else the target's own list in its slot (whoever ran the script names the target in trainmedic:hist:dirty,
+-- client/wire/redis.py mark_journaled, and the indexer moves the list to the global one). The service drains it.
+local function hist_touch(rec)
+  local i = string.find(rec, ':rec:', 1, true)
+  if not i then return end
+  if metrics_key == 'trainmedic:metrics' then
+    redis.call('RPUSH', 'trainmedic:hist:journal', string.sub(rec, i + 5))
+  else
+    local j = string.sub(rec, 1, i) .. 'hj'
+    redis.call('RPUSH', j, string.sub(rec, i + 5))
+    redis.call('PEXPIRE', j, 2592000000)
+  end
+end
+
+-- A record entered (1) or left (-1) the status `dispatched`: its kind's backlog moves with it.
+local function count_backlog(rec, delta)
+  if not metrics_key then return end
+  local kind = string.match(rec, '{(%a+):')
+  if kind then
+    redis.call('HINCRBY', metrics_key, 'backlog|' .. kind, delta)
+    if not metrics_ttl[metrics_key] then
+      redis.call('PEXPIRE', metrics_key, 2592000000)
+      metrics_ttl[metrics_key] = true
+    end
+  end
+end
+
 -- A record's status from its actions (CONTRACT "Remediation record"): skipped actions do not count; applied
 -- when all others were, partially_applied when some were; else expired when all expired, lost when some
 -- were lost, failed otherwise; skipped when every action was skipped. Nothing changes while any action is
@@ -38,6 +74,8 @@ local function settle(rec, now, open_z, rid)
   elseif expired == counted then status = 'expired'
   elseif lost > 0 then status = 'lost' end
   redis.call('HSET', rec, 'status', status, 'settled_ms', now)
+  hist_touch(rec)
+  count_backlog(rec, -1)
   redis.call('HDEL', rec, 'cmd', 'sig')
   -- A process did take it after all: "no live target" is no longer the record's story.
   if applied > 0 and redis.call('HGET', rec, 'reason') == 'no_live_target' then redis.call('HSET', rec, 'reason', '') end

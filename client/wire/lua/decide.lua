@@ -19,11 +19,33 @@
 -- seen) says that a firing record changed something that the final resolve must undo, whichever episode
 -- it belonged to. An escalation stage (mode stage) is a record of the open episode made by the reconciler:
 -- once per previous record (its `next`), never after the episode closed, never held back by cooldown.
+-- KEYS[9] the metrics hash (see common.lua; KEYS[8] is the record again when there is no previous record)
+-- KEYS[10] the target's heartbeat: with ARGV hb = 1, DECIDE reads it instead of the service (one round trip
+-- less). No heartbeat: no_live. A heartbeat that lists every action of `need` (the command was signed with
+-- all of them): as sent. Anything else (an action it lacks, no list, not JSON): {'reach', '', ''} before any
+-- write, and the service decides that pair again with the heartbeat read and the command made to fit.
+if KEYS[9] then metrics_key = KEYS[9] end
 local a = cjson.decode(ARGV[1])
 local now, mode, rid, n = tonumber(a.now), a.mode, a.rid, tonumber(a.n)
 local rec, mailbox, ep, ob, open_z = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
 local dry = tonumber(a.dry) == 1
 local reason = ''
+
+if tonumber(a.hb) == 1 then
+  local raw = redis.call('GET', KEYS[10])
+  if not raw then
+    a.no_live = 1
+  else
+    local ok, hb = pcall(cjson.decode, raw)
+    local listed = ok and type(hb) == 'table' and hb.actions
+    if type(listed) ~= 'table' then return {'reach', '', ''} end
+    local have = {}
+    for _, x in ipairs(listed) do have[x] = true end
+    for _, x in ipairs(a.need) do
+      if not have[x] then return {'reach', '', ''} end
+    end
+  end
+end
 
 local prefix = string.sub(rec, 1, #rec - #rid)
 
@@ -49,6 +71,7 @@ local function close_episode()
       if redis.call('HGET', hrec, 'status') == 'pending_approval' then
         end_open(hrec, 'expired', 'resolved_before_approval', 'The alert resolved before anyone approved it.', a.at)
         redis.call('HSET', hrec, 'status', 'expired', 'reason', 'resolved_before_approval')
+        hist_touch(hrec)
         done_or_follow(hrec, open_z, held, now)
       end
     end
@@ -66,14 +89,17 @@ local function discharge()
   return true
 end
 
+-- Whether the obligation exists, read once (nothing between the two reads of a firing decide changes it).
+local ob_exists = nil
 if mode == 'firing' then
   -- Every firing notification, a resend too, says the alert still fires: resolve_timeout counts from here.
-  if redis.call('EXISTS', ob) == 1 then
+  ob_exists = redis.call('EXISTS', ob) == 1
+  if ob_exists then
     redis.call('HSET', ob, 'seen', now)
     redis.call('ZADD', open_z, a.ob_due_ms, a.ob_member)
   end
-  local open = redis.call('HGET', ep, 'open')
-  local closed = redis.call('HGET', ep, 'closed')
+  local oc = redis.call('HMGET', ep, 'open', 'closed')
+  local open, closed = oc[1], oc[2]
   if open and a.start <= open then
     -- The open episode: a resend, a retry, an HA peer; an earlier start is the same alert merged from
     -- two Prometheus servers (never one of a closed episode's, which is a late retry of that episode).
@@ -142,7 +168,8 @@ if mode == 'firing' or mode == 'stage' then
   end
   redis.call('PEXPIRE', ep, a.episode_ttl_ms)
   if tonumber(a.undo) == 1 and (status == 'dispatched' or status == 'dry_run') then
-    if redis.call('EXISTS', ob) == 0 then
+    if ob_exists == nil then ob_exists = redis.call('EXISTS', ob) == 1 end
+    if not ob_exists then
       redis.call('HSET', ob, 'rid', rid, 'dry', status == 'dry_run' and '1' or '0', 'seen', now)
     elseif status == 'dispatched' then
       redis.call('HSET', ob, 'dry', '0', 'seen', now)
@@ -152,33 +179,52 @@ if mode == 'firing' or mode == 'stage' then
   end
 end
 
-redis.call('HSET', rec, 'status', status, 'reason', reason)
-for k, v in pairs(a.fields) do redis.call('HSET', rec, k, v) end
+-- The whole record in one HSET (a later pair wins, as the separate writes did): status, fields, each
+-- action's status, what dispatching or holding it adds, and the early decisions (its actions are pending).
 local astatus = 'skipped'
 if status == 'dispatched' or status == 'pending_approval' then astatus = 'pending' end
-for i = 0, n - 1 do redis.call('HSET', rec, 'a:' .. i .. ':status', astatus) end
-if status == 'dispatched' then
-  decide_early(rec, a.early, a.at)
-  redis.call('HSET', rec, 'dispatched_ms', now, 'expires_ms', a.expires_ms)
-  if tonumber(a.defer) == 1 then redis.call('HSET', rec, 'conds', '1') end
-  send(rec, mailbox, a.channel, a.maxlen, rid, a.command, a.signature)
+local follow = tonumber(a.follow) == 1 and (status ~= 'skipped' or mode == 'stage')
+local early = false
+if status == 'dispatched' and tonumber(a.no_live) == 1 and reason == '' then
   -- Said on the record while nothing heartbeats for the target; the command still waits until it expires.
-  if tonumber(a.no_live) == 1 and reason == '' then
-    reason = 'no_live_target'
-    redis.call('HSET', rec, 'reason', reason)
+  reason = 'no_live_target'
+end
+local h = {'status', status, 'reason', reason}
+for k, v in pairs(a.fields) do h[#h + 1] = k; h[#h + 1] = v end
+for i = 0, n - 1 do h[#h + 1] = 'a:' .. i .. ':status'; h[#h + 1] = astatus end
+if status == 'dispatched' then
+  for idx, e in pairs(a.early or {}) do
+    local p = 'a:' .. idx .. ':'
+    early = true
+    h[#h + 1] = p .. 'status'; h[#h + 1] = e[1]; h[#h + 1] = p .. 'reason'; h[#h + 1] = e[2]
+    h[#h + 1] = p .. 'acked_at'; h[#h + 1] = a.at; h[#h + 1] = p .. 'result'
+    h[#h + 1] = cjson.encode({message = e[3]})
   end
-  redis.call('ZADD', open_z, a.expires_ms, rid)
+  h[#h + 1] = 'dispatched_ms'; h[#h + 1] = now; h[#h + 1] = 'expires_ms'; h[#h + 1] = a.expires_ms
+  if tonumber(a.defer) == 1 then h[#h + 1] = 'conds'; h[#h + 1] = '1' end
+  if a.command ~= '' then h[#h + 1] = 'cmd'; h[#h + 1] = a.command; h[#h + 1] = 'sig'; h[#h + 1] = a.signature end
 elseif status == 'pending_approval' then
-  redis.call('HSET', rec, 'approve_by', a.approve_by_ms)
-  redis.call('ZADD', open_z, a.approve_by_ms, rid)
+  h[#h + 1] = 'approve_by'; h[#h + 1] = a.approve_by_ms
 end
 -- A skipped firing record has nothing to follow; a skipped stage ends its ladder, which the reconciler says.
-if tonumber(a.follow) == 1 and (status ~= 'skipped' or mode == 'stage') then
-  redis.call('HSET', rec, 'follow', '1')
-  redis.call('ZADD', open_z, now, rid)
+if follow then h[#h + 1] = 'follow'; h[#h + 1] = '1' end
+redis.call('HSET', rec, unpack(h))
+hist_touch(rec)
+if status == 'dispatched' then
+  count_backlog(rec, 1)
+  if a.command ~= '' then
+    redis.call('XADD', mailbox, 'MAXLEN', '~', a.maxlen, '*', 'c', a.command, 's', a.signature)
+    redis.call('PUBLISH', a.channel, rid)
+  end
+  -- A followed record is due now (below), which is sooner than its expiry.
+  if not follow then redis.call('ZADD', open_z, a.expires_ms, rid) end
+elseif status == 'pending_approval' then
+  if not follow then redis.call('ZADD', open_z, a.approve_by_ms, rid) end
 end
--- Every action decided already (the target can apply none of them): the record settles now.
-if status == 'dispatched' then status = settle(rec, now, open_z, rid) end
+if follow then redis.call('ZADD', open_z, now, rid) end
+-- Every action decided already (the target can apply none of them): the record settles now. Without early
+-- decisions an action is still pending, so there is nothing to settle.
+if status == 'dispatched' and early then status = settle(rec, now, open_z, rid) end
 redis.call('PEXPIRE', rec, a.record_ttl_ms)
 redis.call('PEXPIRE', mailbox, a.record_ttl_ms)
 redis.call('PEXPIRE', open_z, a.record_ttl_ms)

@@ -6,6 +6,8 @@
 -- Returns the record's status, or false when it was not waiting for its conditions (done by another).
 local a = cjson.decode(ARGV[1])
 local rec = KEYS[1]
+-- KEYS[4] the metrics hash (see common.lua)
+metrics_key = KEYS[4]
 if redis.call('HGET', rec, 'conds') ~= '1' or redis.call('HGET', rec, 'status') ~= 'dispatched' then
   return false
 end

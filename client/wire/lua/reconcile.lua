@@ -11,6 +11,8 @@
 local a = cjson.decode(ARGV[1])
 local now, grace, recheck = tonumber(a.now), tonumber(a.grace_ms), tonumber(a.recheck_ms)
 local open_z = KEYS[1]
+-- KEYS[4] the metrics hash (see common.lua)
+metrics_key = KEYS[4]
 -- Every open item of the target, not only those due: a visit may come early (a new process's first
 -- heartbeat asks for one), and a claim that process's predecessor left must be offered to it now.
 local due = redis.call('ZRANGE', open_z, 0, tonumber(a.limit) - 1)
@@ -35,6 +37,7 @@ for _, member in ipairs(due) do
       if now > by then
         end_open(rec, 'expired', 'approval_expired', 'Nobody approved it in time.', a.at)
         redis.call('HSET', rec, 'status', 'expired', 'reason', 'approval_expired')
+        hist_touch(rec)
         changed[#changed + 1] = member
         changed[#changed + 1] = 'expired'
         score = now

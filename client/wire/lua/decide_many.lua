@@ -1,0 +1,68 @@
+-- DECIDE_MANY: the DECIDE of several (alert, playbook) pairs in one call, and (on a single Redis) the
+-- indexes of the records they made, so a notification costs one round trip (CONTRACT: the webhook answers
+-- within milliseconds). client/wire/records.py prepends decide.lua as the function decide_one(KEYS, ARGV).
+-- On Redis Cluster every key of one call must share a slot: the service makes one call per slot and writes
+-- the indexes (their own slots) itself afterwards (ARGV[1].index = 0).
+-- ARGV[1] JSON {n: pairs, index: 0/1}   ARGV[1 + i] DECIDE's ARGV[1] of pair i, plus `ix` (below)
+-- KEYS[10 * (i - 1) + 1 .. 10 * i] DECIDE's KEYS of pair i (the 8th is the record again when there is no
+-- previous record; the 9th the metrics hash; the 10th the heartbeat)
+-- with index: KEYS[10n + 1] the history journal (service/history.py)   KEYS[10n + 2] approvals
+--             KEYS[10n + 3] due targets   KEYS[10n + 4] targets with mailboxes
+-- ix {label: target label, follow_now: 0/1 (a new followed record is looked at now: it has a silence, a
+--     notification or conditions to do), later_ms (when a dispatched or held record is due otherwise),
+--     approve_by_s (seconds, the approvals index's score)}
+-- Returns one {status, record id, reason} per pair, in order ('reach': not decided, nothing written).
+local spec = cjson.decode(ARGV[1])
+local n = tonumber(spec.n)
+local out = {}
+local due = {}
+local history, approvals = {}, {}
+for i = 1, n do
+  local base = 10 * (i - 1)
+  local ks = {}
+  for j = 1, 10 do ks[j] = KEYS[base + j] end
+  local raw = ARGV[1 + i]
+  local answer = decide_one(ks, {raw})
+  out[i] = answer
+  if tonumber(spec.index) == 1 and answer[1] ~= 'reach' then
+    local a = cjson.decode(raw)
+    local status, rid = answer[1], answer[2]
+    local new = rid ~= '' and status ~= 'duplicate' and status ~= 'stale' and status ~= 'closed'
+    -- DECIDE journaled the records it made; an older record it answered with is journaled again, so the
+    -- history lists it again (that heals a listing lost to a crash).
+    if rid ~= '' and not new then history[#history + 1] = rid end
+    local held = status == 'pending_approval'
+    local first = nil
+    if (tonumber(a.follow) == 1 and new and (tonumber(a.ix.follow_now) == 1 or (status ~= 'dispatched' and not held)))
+        or (a.mode == 'resolved' and status ~= 'stale') then
+      first = tonumber(a.now)
+    elseif status == 'dispatched' or held or (tonumber(a.undo) == 1 and status == 'dry_run') then
+      first = tonumber(a.ix.later_ms)
+    end
+    if held then
+      approvals[#approvals + 1] = a.ix.approve_by_s
+      approvals[#approvals + 1] = rid
+    end
+    if first then
+      local label = a.ix.label
+      if due[label] == nil or first < due[label] then due[label] = first end
+    end
+  end
+end
+if tonumber(spec.index) == 1 then
+  local hkeys = 10 * n
+  if #history > 0 then redis.call('RPUSH', KEYS[hkeys + 1], unpack(history)) end
+  if #approvals > 0 then redis.call('ZADD', KEYS[hkeys + 2], unpack(approvals)) end
+  -- One ZADD and one SADD for all the call's targets.
+  local dz, labels = {}, {}
+  for label, first in pairs(due) do
+    dz[#dz + 1] = first
+    dz[#dz + 1] = label
+    labels[#labels + 1] = label
+  end
+  if #labels > 0 then
+    redis.call('ZADD', KEYS[hkeys + 3], 'LT', unpack(dz))
+    redis.call('SADD', KEYS[hkeys + 4], unpack(labels))
+  end
+end
+return out
