@@ -73,7 +73,8 @@ def trigger(http: Any, playbook: str, job: str) -> dict:
     resp = post_json(http, "/remediations", {"playbook": playbook, "labels": {"job_name": job}})
     assert resp.status_code == 201, resp.get_json()
     rec = resp.get_json()
-    assert rec["status"] == "dispatched", rec
+    # A fast applier may have acknowledged before the service read the record back to answer.
+    assert rec["status"] in {"dispatched", "applied", "partially_applied", "failed"}, rec
     return rec
 
 
