@@ -32,7 +32,9 @@ lint: $(VENV)/.test
 test: system-deps lint
 	$(BIN)/python -m pytest -q
 
+# profile_webhook.py samples the workers with py-spy (only the benchmarks need it).
 bench: $(VENV)/.test
+	$(BIN)/pip install -q py-spy
 	$(BIN)/python benchmarks/run_all.py
 
 # The closed loop on one machine: Prometheus + Alertmanager (Debian) -> trainmedic -> a toy training job.

@@ -41,8 +41,8 @@ class Stack:
         env = dict(os.environ, TRAINMEDIC_REDIS_URL=self.redis_url, TRAINMEDIC_BIND=f"127.0.0.1:{self.port}",
                    TRAINMEDIC_WORKERS=str(self.workers), TRAINMEDIC_WEBHOOK_TOKEN=TOKEN,
                    TRAINMEDIC_PLAYBOOKS=self.playbooks, TRAINMEDIC_LOG_LEVEL="warning",
-                   TRAINMEDIC_SIGNING_KEY=SIGNING_KEY, PROMETHEUS_MULTIPROC_DIR=str(self.tmp / "metrics"),
-                   **self.extra_env)
+                   TRAINMEDIC_SIGNING_KEY=SIGNING_KEY, PROMETHEUS_MULTIPROC_DIR=str(self.tmp / "metrics"))
+        env.update(self.extra_env)  # may override the defaults above (e.g. TRAINMEDIC_LOG_LEVEL)
         self.log = open(self.tmp / "gunicorn.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "service/gunicorn.conf.py")],
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import TOKEN
+from common import SIGNING_KEY, TOKEN
 
 import redis
 
@@ -26,6 +26,7 @@ from trainmedic.client.receiver.mailbox import Mailbox
 from trainmedic.client.wire import keys
 from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis
+from trainmedic.service import history
 
 PLAYBOOK = """\
 playbooks:
@@ -35,7 +36,6 @@ playbooks:
     expire_after: 1h
     actions: [{scale_lr: {factor: 0.5, min_lr: 1.0e-7}}]
 """
-SIGNING_KEY = "bench-signing-key-" + "0123456789abcdef" * 2
 
 
 def calls(r: redis.Redis) -> tuple[int, int, float]:
@@ -96,6 +96,7 @@ def main() -> None:
         t = time.perf_counter()
         make_records(app, args.records, args.targets)
         made = time.perf_counter() - t
+        history.catch_up(r)
         assert r.zcard(keys.HISTORY) == args.records
         rc.tick()  # the first pass after the records were made: every target's first look
 

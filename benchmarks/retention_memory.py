@@ -25,6 +25,7 @@ import requests
 
 from trainmedic.client.wire import keys
 from trainmedic.service.embedded_redis import EmbeddedRedis
+from trainmedic.service import history
 
 PLAYBOOK = """\
 playbooks:
@@ -52,6 +53,7 @@ def body(start: int, targets: int) -> bytes:
 
 def sample(r: redis.Redis, sent: int, t0: float, base: int) -> dict:
     used = int(r.info("memory")["used_memory"])
+    history.catch_up(r)
     records = int(r.zcard(keys.HISTORY))
     return {"alerts": sent, "seconds": round(time.monotonic() - t0, 1), "used_mb": round(used / 2**20, 1),
             "records": records, "keys": int(r.dbsize()),

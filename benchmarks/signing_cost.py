@@ -42,7 +42,7 @@ def typical_command() -> bytes:
     target = keys.Target("job", "llama-ft-01")
     steps = (Step("rollback_checkpoint", {}), Step("scale_lr", {"factor": 0.5, "min_lr": 1.0e-7}))
     fp = "071ff15f8faead0f"
-    cmd = command_for(new_record_id(target), target, steps, {}, time.time(), 3600.0, fp,
+    cmd = command_for(new_record_id(target), target, enumerate(steps), {}, time.time(), 3600.0, fp,
                       f"{fp}|2026-11-22T01:25:24Z|loss-spike|0|firing", "2026-11-22T01:25:24.115697517Z")
     return cmd.to_json().encode()
 

@@ -18,6 +18,7 @@ from common import ROOT, TOKEN, Stack
 import redis
 
 from trainmedic.client.wire import keys
+from trainmedic.service import history
 
 
 def run_wrk(url: str, group: int, seconds: int, connections: int = 8) -> dict:
@@ -47,6 +48,7 @@ def main() -> None:
             run_wrk(stack.url, group, 2)  # warm-up
             rows.append(run_wrk(stack.url, group, args.seconds))
         r = redis.Redis.from_url(stack.redis_url)
+        history.catch_up(r)  # what a history query does first
         recorded = r.zcard(keys.HISTORY)
         dispatched = sum(r.xlen(k) for k in r.scan_iter(match="trainmedic:*:mailbox"))
     print(f"webhook under gunicorn ({args.workers} workers, gthread), 8 connections, unique alerts, "

@@ -1,0 +1,162 @@
+"""What one alert costs the webhook's path, for sizing Redis: commands, Redis CPU, service CPU, bytes per record.
+
+In-process (Flask's test client, no gunicorn, no HTTP), an embedded redis-server with AOF `appendfsync always`,
+the shipped playbooks, the signing key on and logging at info (to /dev/null, JSON lines as in production).
+Every alert is TrainingLossSpike with a new fingerprint and a new job (the storm of baseline_compare.py), in
+groups of 1 and of 10. Measured first on an empty Redis, then after filling it through the webhook with
+--fill records spread over --targets jobs, so one sees how each figure grows with what Redis holds.
+
+CPU is process CPU time (time.process_time for the service; Redis INFO cpu, user + sys, for Redis), not
+wall-clock, so other work on the machine changes it little. Commands per alert are INFO commandstats calls
+(an EVALSHA counts once, and each command its script runs counts too). Bytes per record: INFO memory's
+used_memory delta over the records made (record hash, mailbox entry, episode, cooldown, budget, indexes);
+a storm row makes a new job per alert, so it also pays for a new mailbox stream and a target's keys, and a
+main-dict rehash can land in one row (see "at the end" and "the fill" for averages). Also per alert: bytes
+appended to the AOF, and the time spent inside the scripts (commandstats usec of EVALSHA).
+
+    .venv/bin/python benchmarks/cost_model.py                         # 0 and 100,000 records / 10,000 jobs
+    .venv/bin/python benchmarks/cost_model.py --fill 0 --alerts 500   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import redis  # noqa: E402
+
+from common import ROOT, SIGNING_KEY, TOKEN  # noqa: E402
+from trainmedic.client import logs  # noqa: E402
+from trainmedic.service.app import create_app  # noqa: E402
+from trainmedic.service.embedded_redis import EmbeddedRedis  # noqa: E402
+from trainmedic.service import history
+
+HEADERS = {"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"}
+
+
+def body(run: str, first: int, group: int, jobs: int | None = None) -> str:
+    """A firing notification of `group` TrainingLossSpike alerts, numbered from `first` (new fingerprints)."""
+    alerts = []
+    for n in range(first, first + group):
+        job = n % jobs if jobs else n
+        alerts.append({
+            "status": "firing",
+            "labels": {"alertname": "TrainingLossSpike", "cluster": "gpu-east-2", "job_name": f"llm-{run}-{job}",
+                       "severity": "critical", "team": "llm", "instance": f"gpu-node-{n % 2048}:9445"},
+            "annotations": {"summary": "Training loss spike detected",
+                            "description": f"Training loss for job llm-{job} increased by 3.2x over 5m"},
+            "startsAt": f"2026-11-22T01:{(n // 60) % 60:02d}:{n % 60:02d}.123456789Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://prometheus:9090/graph?g0.expr=increase%28train_loss%5B5m%5D%29&g0.tab=1",
+            "fingerprint": f"{zlib.crc32(run.encode()) & 0xffff:04x}{n:012x}"})
+    return json.dumps({"version": "4", "status": "firing", "receiver": "trainmedic", "groupKey": "{}:{}",
+                       "alerts": alerts})
+
+
+def snapshot(r: redis.Redis) -> tuple[int, float, int, int, int]:
+    """(command calls but INFO's own, Redis CPU seconds (user + sys), used_memory, AOF bytes, EVALSHA usec)."""
+    stats = r.info("commandstats")
+    calls = sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+    cpu = r.info("cpu")
+    return (calls, cpu["used_cpu_user"] + cpu["used_cpu_sys"], int(r.info("memory")["used_memory"]),
+            int(r.info("persistence").get("aof_current_size", 0)), int(stats.get("cmdstat_evalsha", {}).get("usec", 0)))
+
+
+def measure(http: Any, r: redis.Redis, group: int, alerts: int, run: str) -> dict[str, float]:
+    bodies = [body(run, i * group, group) for i in range(alerts // group)]
+    for b in [body(run + "w", i * group, group) for i in range(5)]:  # warm-up: scripts loaded, caches filled
+        assert http.post("/webhook", data=b, headers=HEADERS).status_code == 200
+    history.catch_up(r)
+    hist0 = r.zcard("trainmedic:history")
+    calls0, cpu0, mem0, aof0, eval0 = snapshot(r)
+    t0 = time.process_time()
+    w0 = time.perf_counter()
+    for b in bodies:
+        resp = http.post("/webhook", data=b, headers=HEADERS)
+        assert resp.status_code == 200, resp.get_data()
+    svc = time.process_time() - t0
+    wall = time.perf_counter() - w0
+    calls1, cpu1, mem1, aof1, eval1 = snapshot(r)
+    history.catch_up(r)  # index what this pass journaled, so its memory counts too
+    made = r.zcard("trainmedic:history") - hist0
+    n = len(bodies) * group
+    return {"cmds": (calls1 - calls0) / n, "redis_us": (cpu1 - cpu0) / n * 1e6, "svc_us": svc / n * 1e6,
+            "bytes": (mem1 - mem0) / max(made, 1), "aof": (aof1 - aof0) / n,
+            "eval_us": (eval1 - eval0) / n, "wall_us": wall / n * 1e6, "alerts": n, "records": made}
+
+
+def fill(http: Any, records_n: int, targets: int) -> float:
+    """Fill Redis through the webhook: records_n alerts over `targets` jobs, 100 alerts a notification."""
+    t0 = time.perf_counter()
+    for first in range(0, records_n, 100):
+        resp = http.post("/webhook", data=body("fill", first, min(100, records_n - first), targets), headers=HEADERS)
+        assert resp.status_code == 200, resp.get_data()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--alerts", type=int, default=2000, help="alerts measured per row (default 2000)")
+    ap.add_argument("--fill", type=int, default=100_000, help="records to add before the second pass (0: none)")
+    ap.add_argument("--targets", type=int, default=10_000, help="jobs the fill spreads over")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-cost-"))
+    srv = EmbeddedRedis(tmp / "redis").start()
+    devnull = open(os.devnull, "w")
+    try:
+        r = redis.Redis.from_url(srv.url, decode_responses=True)
+        app = create_app({"redis_url": srv.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
+                          "playbooks": str(ROOT / "playbooks")})
+        logs.setup("info", devnull)  # one JSON line per remediation, as under gunicorn at info
+        logging.getLogger("trainmedic.reconciler").setLevel(logging.WARNING)
+        http = app.test_client()
+        rows: list[tuple[str, int, dict[str, float]]] = []
+        fill_line = ""
+        passes = [("empty Redis", 0)] + ([(f"{args.fill:,} records / {args.targets:,} jobs", args.fill)]
+                                         if args.fill else [])
+        for label, n in passes:
+            if n:
+                mem0, hist0 = int(r.info("memory")["used_memory"]), r.zcard("trainmedic:history")
+                took = fill(http, n, args.targets)
+                history.catch_up(r)
+                made = r.zcard("trainmedic:history") - hist0
+                fill_line = (f"the fill: {made:,} records over {args.targets:,} jobs ({n // args.targets} a job) in "
+                             f"{took:.0f}s, {(int(r.info('memory')['used_memory']) - mem0) / max(made, 1):.0f} "
+                             f"bytes per record")
+            for group in (1, 10):
+                rows.append((label, group, measure(http, r, group, args.alerts, f"g{group}{n}")))
+        info = r.info("server")
+        print(f"cost per alert: in-process webhook (Flask test client), redis-server {info['redis_version']} with AOF "
+              f"appendfsync always, signing on, logging at info; {args.alerts} alerts per row, each a new "
+              f"fingerprint and a new job; CPU is process time")
+        print(f"{'Redis holds':34s} {'alerts/req':>10s} {'cmds/alert':>10s} {'Redis CPU us':>12s} "
+              f"{'service CPU us':>14s} {'bytes/record':>12s} {'AOF B':>6s} {'EVALSHA us':>10s} {'wall us':>8s}")
+        for label, group, m in rows:
+            print(f"{label:34s} {group:10d} {m['cmds']:10.1f} {m['redis_us']:12.0f} {m['svc_us']:14.0f} "
+                  f"{m['bytes']:12.0f} {m['aof']:6.0f} {m['eval_us']:10.0f} {m['wall_us']:8.0f}")
+        print("per alert; AOF B: bytes appended to the AOF; EVALSHA us: time inside the scripts (commandstats), "
+              "part of Redis CPU")
+        if fill_line:
+            print(fill_line)
+        mem = r.info("memory")
+        history.catch_up(r)
+        total = r.zcard("trainmedic:history")
+        print(f"at the end: {total:,} records, used_memory {mem['used_memory'] / 2**20:.1f} MiB "
+              f"({mem['used_memory'] / max(total, 1):.0f} bytes per record overall), {r.dbsize():,} keys")
+    finally:
+        srv.stop()
+        devnull.close()
+
+
+if __name__ == "__main__":
+    main()
