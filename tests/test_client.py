@@ -331,7 +331,7 @@ def test_poll_from_two_threads_applies_every_command_exactly_once(r: redis.Redis
     for t in threads:
         t.start()
     try:
-        wait_until(lambda: all(records.get(r, rid)["status"] == "applied" for rid in ids), timeout=30,
+        wait_until(lambda: all(records.get(r, rid)["status"] == "applied" for rid in ids), timeout=120,
                    what="every command applied")
     finally:
         stop.set()

@@ -19,7 +19,9 @@ from tests.support.jobs import inject, send, trigger, job_app, wait_record, wait
 from tests.support.loop import Loop
 
 JOB = "fragile-job"
-POLL_BOUND = 0.05  # a poll that touched the network would wait for a timeout (>= 0.5 s here)
+# A poll that touched the network would wait for a timeout (>= 0.5 s here); a loaded machine's scheduler or a
+# full GC can stall any one poll for tens of milliseconds.
+POLL_BOUND = 0.25
 
 
 @pytest.fixture
@@ -173,6 +175,7 @@ def test_a_hanging_connection_does_not_slow_training_and_commands_arrive_after(
             sent_during = send(r, JOB, "scale_lr", {"factor": 0.5})
             loop.run_for(2.0)
             assert loop.lr == pytest.approx(0.05)  # not received: the client cannot see Redis
+            wait_until(lambda: outage_warnings(caplog), timeout=10, tick=loop.tick, what="the outage warning")
             assert len(outage_warnings(caplog)) == 1
             assert "Timeout" in outage_warnings(caplog)[0]
 

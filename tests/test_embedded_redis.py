@@ -15,6 +15,7 @@ def test_it_starts_persists_with_aof_and_stops(tmp_path: Path) -> None:
         r.set("k", "v")
         assert r.config_get("appendonly")["appendonly"] == "yes"
         assert r.config_get("appendfsync")["appendfsync"] == "always"
+        assert r.config_get("hash-max-ziplist-value")["hash-max-ziplist-value"] == "2048"
     assert server.proc.poll() is not None
     with EmbeddedRedis(tmp_path, port=server.port) as again:  # the data survives a restart
         assert redis.Redis.from_url(again.url).get("k") == b"v"

@@ -32,14 +32,14 @@ playbooks:
     matchers: ['alertname="ShortBudget"']
     target: job
     actions: [{scale_lr: {factor: 0.5}}]
-    max_runs: {count: 2, per: 1s}
+    max_runs: {count: 2, per: 5s}  # a window the 8-request storm fits in on a loaded machine
   - name: hold
     matchers: ['alertname="GPUTemperatureHigh"']
     target: node
     actions: [{power_limit: {fraction: 0.8}}]
     on_resolved: [{restore_power_limit: {}}]
     approval: true
-    approval_timeout: 2s
+    approval_timeout: 5s
   - name: rehearse
     matchers: ['alertname="DryMe"']
     target: job
@@ -111,7 +111,7 @@ def test_the_budget_allows_exactly_max_runs_of_40_concurrent_alerts(service, r) 
 def test_the_budget_refills_when_its_window_passes(service, r) -> None:
     first = storm(service.url, [group("ShortBudget") for _ in range(8)])
     assert sum(x["status"] == "dispatched" for x in first) == 2
-    time.sleep(1.2)
+    time.sleep(5.2)
     second = storm(service.url, [group("ShortBudget") for _ in range(8)])
     assert sum(x["status"] == "dispatched" for x in second) == 2
     assert dispatched_commands(r) == 4
@@ -152,7 +152,7 @@ def test_an_approval_not_given_in_time_expires(service, r) -> None:
     rem = post(service.url, group("GPUTemperatureHigh", node="gpu-node-2", gpu_id="0"))["remediations"][0]
     # The reconciler (a thread in each gunicorn worker) ends the hold once its approval time has passed.
     rec = wait_until(lambda: (lambda x: x if x["status"] != "pending_approval" else None)(
-        requests.get(f"{service.url}/remediations/{rem['id']}").json()), timeout=8, what="the hold to expire")
+        requests.get(f"{service.url}/remediations/{rem['id']}").json()), timeout=20, what="the hold to expire")
     assert rec["status"] == "expired" and rec["reason"] == "approval_expired"
     assert [a["status"] for a in rec["actions"]] == ["expired"]
     late = approve(service.url, rem["id"])

@@ -132,14 +132,14 @@ def test_a_remediation_that_works_is_pending_then_effective_timed_from_the_last_
     reconciler(svc).tick()
     outcome = rec(r, rid)["outcome"]
     assert outcome["status"] == "effective" and outcome["resolved_at"] == ends
-    assert abs(outcome["time_to_resolve_s"] - 42.0) < 0.5
+    assert abs(outcome["time_to_resolve_s"] - 42.0) < 2.0  # the ack and `acked` differ by a stall at most
     assert [i["id"] for i in http.get("/history?outcome=effective").get_json()["items"]] == [rid]
     assert http.get("/history?outcome=pending").get_json()["items"] == []
     # GET /playbooks: counts over 30 days, the time to resolve, the notify URL as its host only.
     items = {p["name"]: p for p in http.get("/playbooks").get_json()["items"]}
     ladder = items["loss-ladder"]
     assert ladder["outcomes"] == {"effective": 1, "ineffective": 0, "pending": 0, "unknown": 0}
-    assert abs(ladder["time_to_resolve_s"]["median"] - 42.0) < 0.5
+    assert abs(ladder["time_to_resolve_s"]["median"] - 42.0) < 2.0
     assert ladder["time_to_resolve_s"]["p90"] == ladder["time_to_resolve_s"]["median"]
     assert ladder["settings"]["notify"] == "127.0.0.1" and "services" not in str(ladder)
     assert ladder["settings"]["escalate"][1]["after_s"] == 1200
@@ -240,7 +240,7 @@ def test_a_resolve_between_stages_means_the_next_stage_never_runs(r: Any, svc: A
     reconciler(svc).tick(acked + 601)
     got = rec(r, first)
     assert got["escalation"]["next"] is None and got["outcome"]["status"] == "effective"
-    assert abs(got["outcome"]["time_to_resolve_s"] - 300) < 0.5
+    assert abs(got["outcome"]["time_to_resolve_s"] - 300) < 2.0
     assert hook.texts() == []
 
 

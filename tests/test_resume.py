@@ -51,10 +51,10 @@ def test_a_resume_from_before_a_change_applies_it_again_and_one_from_after_does_
         assert early.lr == pytest.approx(0.1)  # the checkpoint predates the change
         t0 = time.monotonic()
         wait_until(lambda: early.lr == pytest.approx(0.05), tick=early.tick, what="the change applied again")
-        assert time.monotonic() - t0 < 3  # read in the background, normally within a second
+        assert time.monotonic() - t0 < 8  # read in the background, normally within a second
         early.run_for(0.5)
         assert early.lr == pytest.approx(0.05)  # once: the ledger's entry is now in this run's state
-        assert early.slowest < 0.05  # poll() never waited for the read
+        assert early.slowest < 0.25  # poll() never waited for the read (its network timeout is 0.5 s)
         again = checkpoint(early)
     finally:
         early.rc.close()

@@ -219,7 +219,7 @@ def test_the_page_refreshes_itself_and_keeps_open_records_open(site: tuple[Serve
     other = make_app()  # another app on the same Redis, as another worker would be
     body = alert("TrainingThroughputDrop", "f1", job_name="late-job")
     assert post_json(other.test_client(), "/webhook", body).status_code == 200
-    expect(rows).to_have_count(7, timeout=5000)
+    expect(rows).to_have_count(7, timeout=15000)
     expect(rows.first).to_contain_text("late-job")
     expect(page.locator("details.rec[open]")).to_have_count(1)
     assert page.locator("details.rec[open]").get_attribute("id") == opened
