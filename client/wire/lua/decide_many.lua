@@ -21,11 +21,10 @@ for i = 1, n do
   local base = 10 * (i - 1)
   local ks = {}
   for j = 1, 10 do ks[j] = KEYS[base + j] end
-  local raw = ARGV[1 + i]
-  local answer = decide_one(ks, {raw})
+  local a = cjson.decode(ARGV[1 + i])
+  local answer = decide_one(ks, {a})
   out[i] = answer
   if tonumber(spec.index) == 1 and answer[1] ~= 'reach' then
-    local a = cjson.decode(raw)
     local status, rid = answer[1], answer[2]
     local new = rid ~= '' and status ~= 'duplicate' and status ~= 'stale' and status ~= 'closed'
     -- DECIDE journaled the records it made; an older record it answered with is journaled again, so the
