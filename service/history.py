@@ -308,12 +308,20 @@ def _drain_batch_cluster(r: Any) -> int:
         pipe.zadd(keys.HISTORY, history)
     for tkey, members in targets.items():
         pipe.zadd(tkey, members)
-        if ttls[tkey] > 0:  # as long as its newest record lives (the sweep removes entries of older ones)
-            pipe.pexpire(tkey, ttls[tkey], nx=True)
-            pipe.pexpire(tkey, ttls[tkey], gt=True)
     for seg, names in segments.items():
         pipe.sadd(keys.hist_segment_keys(seg), *names)
     pipe.ltrim(keys.HIST_JOURNAL, len(rids), -1)
+    pipe.execute()
+    # A target's list lives as long as its newest record (the sweep removes entries of older ones), never
+    # shortened; PTTL first rather than PEXPIRE's NX and GT, which Redis 6.2 lacks.
+    long = {t: ttl for t, ttl in ttls.items() if ttl > 0}
+    pipe = r.pipeline(transaction=False)
+    for tkey in long:
+        pipe.pttl(tkey)
+    grow = [t for t, cur in zip(long, pipe.execute()) if int(cur) < long[t]]
+    pipe = r.pipeline(transaction=False)
+    for tkey in grow:
+        pipe.pexpire(tkey, long[tkey])
     pipe.execute()
     return len(rids)
 

