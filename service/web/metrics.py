@@ -119,7 +119,9 @@ class RedisCollector(Collector):
         gone = []
         seen = self.r.zmscore(keys.TARGETS, labels) if labels else []
         for (label, t), score in zip(targets, seen):
-            if t is None or (not any(next(answers) for _ in range(3)) and score is None):
+            # Read all three answers of a target before looking at them (any() would stop at the first).
+            held = [next(answers) for _ in range(3)] if t is not None else []
+            if t is None or (not any(held) and score is None):
                 gone.append(label)
         if gone:
             self.r.srem(keys.MAILBOXES, *gone)
@@ -201,14 +203,13 @@ def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str,
     return out
 
 
-def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict,
-               backlog: dict | None = None) -> None:
+def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict, backlog: dict) -> None:
     """Fold a metrics hash (fields written by the scripts: lua/common.lua, lua/ack.lua) into the totals."""
     for field, value in stats.items():
         kind, _, rest = field.partition("|")
         try:
             if kind == "backlog":
-                if backlog is not None and rest in backlog:
+                if rest in backlog:
                     backlog[rest] += int(value)
             elif kind == "n":
                 action, _, status = rest.partition("|")
