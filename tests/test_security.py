@@ -28,11 +28,10 @@ from trainmedic.client import RemediationClient
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import ActionCall, Command
 from trainmedic.client.wire.records import Step
-from trainmedic.client.wire.redis import run_scripts
 from trainmedic.client.wire.signing import Signer
 from trainmedic.service.decide import plan
 from trainmedic.service.embedded_redis import free_port
-from trainmedic.service.decide.dispatch import Dispatcher, DispatchSettings, Outcome, new_record_id
+from trainmedic.service.decide.dispatch import Dispatcher, DispatchSettings, new_record_id
 from trainmedic.service.rules.playbooks import Playbook
 from trainmedic.service.rules.targets import Resolution
 
@@ -88,9 +87,8 @@ class Issuer:
             cmd = json.loads(new.command)
             tamper(cmd)
             new = dataclasses.replace(new, command=json.dumps(cmd, separators=(",", ":")))
-        [answer] = run_scripts(self.r, [new.call(self.dispatcher.scripts)])
-        assert answer[0] == "dispatched", answer
-        self.dispatcher.index([(Outcome("dispatched", new.rid, "manual", new.fingerprint), new)])
+        [answer] = self.dispatcher.submit([new])
+        assert answer.status == "dispatched", answer
         return new.rid
 
 

@@ -59,9 +59,9 @@ def ms(seconds: float) -> int:
 
 # The scripts that may journal a history change (lua/common.lua hist_touch: they make a record, or change its
 # status or outcome).
-JOURNALING = frozenset({"decide", "decide_many", "approve", "claim", "ack", "reconcile", "verdict", "deferred"})
-SCRIPTS = ("decide", "decide_many", "approve", "claim", "ack", "reconcile", "release", "reapply", "backlog", "verdict",
-           "deferred")
+JOURNALING = frozenset({"decide_many", "approve", "claim", "ack", "reconcile", "verdict", "deferred"})
+# lua/decide.lua runs inside DECIDE_MANY (see lua()), never on its own.
+SCRIPTS = ("decide_many", "approve", "claim", "ack", "reconcile", "release", "reapply", "verdict", "deferred")
 
 
 class Scripts:
@@ -73,7 +73,6 @@ class Scripts:
         for name in SCRIPTS:
             setattr(self, name, GuardedScript(r.register_script(lua(name)), journals=name in JOURNALING))
 
-    decide: Any
     decide_many: Any
     approve: Any
     claim: Any
@@ -81,7 +80,6 @@ class Scripts:
     reconcile: Any
     release: Any
     reapply: Any
-    backlog: Any
     verdict: Any
     deferred: Any
 
@@ -206,21 +204,6 @@ class NewRecord:
     def later(self) -> float:
         """When a dispatched or held record is next due, unless something needs the reconciler sooner."""
         return self.now + min(self.expire_after, self.approval_timeout, self.obligation_due)
-
-    def first_due(self, status: str, new: bool) -> float | None:
-        """When the reconciler must first look at this record's target, given DECIDE's answer (None: never)."""
-        held = status == "pending_approval"
-        if ((self.follow and new and (self.visit_now or (status != "dispatched" and not held)))
-                or (self.mode == "resolved" and status != "stale")):
-            return self.now
-        if status == "dispatched" or held or (self.undo and status == "dry_run"):
-            return self.later
-        return None
-
-    def call(self, scripts: Scripts) -> Call:
-        """The DECIDE call (script, keys, args) for run_scripts."""
-        ks, args = self.keys_args(scripts.cluster)
-        return scripts.decide, ks, [dumps(args)]
 
     def keys_args(self, cluster: bool) -> tuple[list[str], dict[str, Any]]:
         """DECIDE's ten KEYS and its ARGV[1] (before JSON)."""

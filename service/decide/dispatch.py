@@ -15,7 +15,6 @@ from trainmedic.client.wire.records import Step
 from trainmedic.client.wire.redis import is_cluster, run_scripts
 from trainmedic.client.wire.signing import Signer
 
-from .. import history
 from .plan import Decision
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -171,13 +170,22 @@ class Dispatcher:
                 news[i] = self.new_record(decisions[i], now, reach=reach.get(decisions[i].target))
             for i, a in zip(again, self._run([news[i] for i in again])):
                 answers[i] = a
-        outcomes = [Outcome(status=str(a[0]), record_id=str(a[1]) or None, playbook=d.playbook.name,
-                            fingerprint=d.alert.fingerprint, reason=str(a[2]) or None)
-                    for d, a in zip(decisions, answers)]
+        return self._finish(news, answers)
+
+    def submit(self, news: list[records.NewRecord]) -> list[Outcome]:
+        """Decide records made by new_record as they are (no second look at the heartbeat), and index them."""
+        return self._finish(news, self._run(news))
+
+    def _finish(self, news: list[records.NewRecord], answers: list[Any]) -> list[Outcome]:
+        """The outcomes of DECIDE_MANY's answers; on Redis Cluster, the indexes it could not write itself.
+
+        The scripts journaled the records: a history query folds the journal in before it answers, so they are
+        listed as soon as the webhook has answered, without the webhook waiting for the indexer.
+        """
+        outcomes = [Outcome(status=str(a[0]), record_id=str(a[1]) or None, playbook=n.playbook,
+                            fingerprint=n.fingerprint, reason=str(a[2]) or None) for n, a in zip(news, answers)]
         if is_cluster(self.r):
-            self.index([(o, n) for o, n in zip(outcomes, news)])
-        # DECIDE_MANY journaled the records: a history query folds the journal in before it answers, so they
-        # are listed as soon as the webhook has answered, without the webhook waiting for the indexer.
+            self._index_elsewhere(outcomes, news, [int(a[3]) for a in answers])
         return outcomes
 
     def _run(self, news: list[records.NewRecord]) -> list[Any]:
@@ -244,48 +252,35 @@ class Dispatcher:
             check_reach=check_reach, need=tuple(st.action for _, st in send) if check_reach else (),
             visit_now=defer or bool(pb.notify) or s.notify or pb.silence)
 
-    def index(self, made: list[tuple[Outcome, records.NewRecord]]) -> None:
-        """Index new records: history, approvals, and the reconciler's due targets."""
-        # These keys live in their own slots, so they are written after the records. A duplicate re-adds
-        # its record (idempotent): that heals an index write lost to a crash in between.
-        ids = [o.record_id for o, _ in made if o.record_id]
-        due: dict[str, float] = {}
-        for o, n in made:
-            label = n.target.label
-            # The reconciler looks now at a followed record's silence, notifications and conditions, or at
-            # the outcome of the records a resolve just decided; else at the record's expiry or deadline
-            # (an ack brings that forward). DECIDE_MANY does the same in Lua (lua/decide_many.lua).
-            first = n.first_due(o.status, o.new)
-            if first is None:
-                continue
-            due[label] = min(due.get(label, first), first)
-        if not ids and not due:
+    def _index_elsewhere(self, outcomes: list[Outcome], news: list[records.NewRecord], firsts: list[int]) -> None:
+        """Redis Cluster: the approvals and due-target indexes (their own slots) of what DECIDE_MANY decided,
+        at the due times it answered (lua/decide_many.lua writes them itself on a single Redis)."""
+        due: dict[str, int] = {}
+        for n, first in zip(news, firsts):
+            if first >= 0:
+                due[n.target.label] = min(due.get(n.target.label, first), first)
+        held = {o.record_id: n.now + n.approval_timeout for o, n in zip(outcomes, news)
+                if o.status == "pending_approval"}
+        # A duplicate journals its record again (idempotent): that heals a listing lost to a crash in between.
+        heal = [o.record_id for o in outcomes if o.record_id and not o.new]
+        if not (due or held or heal):
             return
         pipe = self.r.pipeline(transaction=False)
-        if ids:
-            pipe.rpush(keys.HIST_JOURNAL, *ids)  # on a single Redis DECIDE journaled them already: harmless
-        held = {o.record_id: n.now + n.approval_timeout for o, n in made if o.status == "pending_approval"}
+        if heal:
+            pipe.rpush(keys.HIST_JOURNAL, *heal)
         if held:
             pipe.zadd(keys.APPROVALS, held)
         if due:
             # Each target's earliest due time; LT never moves one later (the reconciler does that itself).
-            pipe.zadd(keys.DUE, {label: int(t * 1000) for label, t in due.items()}, lt=True)
+            pipe.zadd(keys.DUE, due, lt=True)
             pipe.sadd(keys.MAILBOXES, *due)
         pipe.execute()
-        if ids:
-            # Listed and filterable once the webhook answers (CONTRACT "GET /history"): index the journal now,
-            # these records and whatever else it holds (or wait for the indexer at work to do it).
-            history.catch_up(self.r)
 
     def decide_one(self, d: Decision, now: float | None = None, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = ()) -> Outcome:
         """One decision on its own (manual triggers, the reconciler's on_resolved and stages)."""
         reach = self.reach([d.target]).get(d.target) if d.steps and not d.resolution.reason else None
-        n = self.new_record(d, time.time() if now is None else now, prev, parent, extra, reach)
-        a = run_scripts(self.r, [n.call(self.scripts)])[0]
-        o = Outcome(str(a[0]), str(a[1]) or None, d.playbook.name, d.alert.fingerprint, str(a[2]) or None)
-        self.index([(o, n)])
-        return o
+        return self.submit([self.new_record(d, time.time() if now is None else now, prev, parent, extra, reach)])[0]
 
     def decide_held(self, record_id: str, verb: str, by: str, comment: str, undo: bool,
                     obligation_due: float) -> list:

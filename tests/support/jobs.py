@@ -12,9 +12,7 @@ from trainmedic.client.wire import records
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.records import Step
 from trainmedic.service.app import create_app
-from trainmedic.client.wire.redis import run_scripts
 from trainmedic.service.decide import plan
-from trainmedic.service.decide.dispatch import Outcome
 from trainmedic.service.rules.playbooks import Playbook
 from trainmedic.service.rules.targets import Resolution
 from tests.conftest import OPERATOR, ROOT, SIGNING_KEY, TOKEN, post_json, write_playbooks
@@ -112,10 +110,9 @@ def inject(r: redis.Redis, target: keys.Target, steps: Sequence[tuple[str, dict]
     disp = service(r).extensions["trainmedic"].dispatcher
     # No look at the target's heartbeat: every step goes out, since the applier must answer for anything.
     made = disp.new_record(d, time.time())
-    status, rid, _ = run_scripts(r, [made.call(disp.scripts)])[0]
-    assert status == "dispatched", status
-    disp.index([(Outcome(str(status), str(rid), pb.name, d.alert.fingerprint), made)])
-    return str(rid)
+    [o] = disp.submit([made])
+    assert o.status == "dispatched", o.status
+    return str(o.record_id)
 
 
 def settled(rec: dict | None) -> bool:

@@ -1,4 +1,5 @@
--- DECIDE: guard, record and dispatch one (alert, playbook) pair atomically, in the target's hash slot.
+-- DECIDE: guard, record and dispatch one (alert, playbook) pair atomically, in the target's hash slot (DECIDE_MANY
+-- runs this once per pair, as its function decide_one; it never runs on its own).
 -- KEYS[1] record   KEYS[2] mailbox   KEYS[3] episode   KEYS[4] cooldown   KEYS[5] budget
 -- KEYS[6] obligation (what on_resolved must undo for this alert)   KEYS[7] open (the target's due items)
 -- KEYS[8] the ladder's previous record (mode stage only)

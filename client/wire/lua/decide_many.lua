@@ -11,9 +11,11 @@
 -- ix {label: target label, follow_now: 0/1 (a new followed record is looked at now: it has a silence, a
 --     notification or conditions to do), later_ms (when a dispatched or held record is due otherwise),
 --     approve_by_s (seconds, the approvals index's score)}
--- Returns one {status, record id, reason} per pair, in order ('reach': not decided, nothing written).
+-- Returns one {status, record id, reason, first} per pair, in order ('reach': not decided, nothing written;
+-- first: when the reconciler is first due at the pair's target, in ms, or -1 for never).
 local spec = cjson.decode(ARGV[1])
 local n = tonumber(spec.n)
+local index = tonumber(spec.index) == 1
 local out = {}
 local due = {}
 local history, approvals = {}, {}
@@ -23,14 +25,13 @@ for i = 1, n do
   for j = 1, 10 do ks[j] = KEYS[base + j] end
   local a = cjson.decode(ARGV[1 + i])
   local answer = decide_one(ks, {a})
-  out[i] = answer
-  if tonumber(spec.index) == 1 and answer[1] ~= 'reach' then
+  if answer[1] ~= 'reach' then
     local status, rid = answer[1], answer[2]
     local new = rid ~= '' and status ~= 'duplicate' and status ~= 'stale' and status ~= 'closed'
-    -- DECIDE journaled the records it made; an older record it answered with is journaled again, so the
-    -- history lists it again (that heals a listing lost to a crash).
-    if rid ~= '' and not new then history[#history + 1] = rid end
     local held = status == 'pending_approval'
+    -- When the reconciler first looks at the target: now for a new followed record that has a silence, a
+    -- notification or conditions to do (or nothing dispatched to wait for), and for a resolve; else at the
+    -- record's expiry or deadline (an ack brings that forward); never for the rest.
     local first = nil
     if (tonumber(a.follow) == 1 and new and (tonumber(a.ix.follow_now) == 1 or (status ~= 'dispatched' and not held)))
         or (a.mode == 'resolved' and status ~= 'stale') then
@@ -38,17 +39,24 @@ for i = 1, n do
     elseif status == 'dispatched' or held or (tonumber(a.undo) == 1 and status == 'dry_run') then
       first = tonumber(a.ix.later_ms)
     end
-    if held then
-      approvals[#approvals + 1] = a.ix.approve_by_s
-      approvals[#approvals + 1] = rid
-    end
-    if first then
-      local label = a.ix.label
-      if due[label] == nil or first < due[label] then due[label] = first end
+    answer[4] = first or -1
+    if index then
+      -- DECIDE journaled the records it made; an older record it answered with is journaled again, so the
+      -- history lists it again (that heals a listing lost to a crash).
+      if rid ~= '' and not new then history[#history + 1] = rid end
+      if held then
+        approvals[#approvals + 1] = a.ix.approve_by_s
+        approvals[#approvals + 1] = rid
+      end
+      if first then
+        local label = a.ix.label
+        if due[label] == nil or first < due[label] then due[label] = first end
+      end
     end
   end
+  out[i] = answer
 end
-if tonumber(spec.index) == 1 then
+if index then
   local hkeys = 10 * n
   if #history > 0 then redis.call('RPUSH', KEYS[hkeys + 1], unpack(history)) end
   if #approvals > 0 then redis.call('ZADD', KEYS[hkeys + 2], unpack(approvals)) end
