@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable
@@ -53,6 +54,12 @@ def saved_time(stamp: Any, fallback_file: str) -> tuple[float, bool]:
     if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
         return float(stamp), True
     return os.path.getmtime(fallback_file), False
+
+
+def alert_began(client: Any) -> float:
+    """Inside the rollback handler: when the alert behind the command began (now, should none be known)."""
+    began = client.alert_start
+    return time.time() if began is None else float(began)
 
 
 def choose(checkpoints: Iterable[Checkpoint], before: float, where: str) -> Checkpoint:

@@ -12,7 +12,7 @@ except ImportError:  # the older standalone package name
 
 from . import _pl_checkpoints as ckpts
 from ._common import ClientHolder
-from ._rollback import SAVED_AT, choose, rolled_back
+from ._rollback import SAVED_AT, alert_began, choose, rolled_back
 
 
 class TrainMedicCallback(ClientHolder, Callback):
@@ -71,7 +71,7 @@ class TrainMedicCallback(ClientHolder, Callback):
     def _rollback(self, params: dict[str, Any]) -> dict[str, Any]:
         client = self.client
         assert client is not None  # a handler runs inside the client's poll
-        before = client.alert_start if client.alert_start is not None else time.time()
+        before = alert_began(client)
         step = int(self._trainer.global_step)
         found = ckpts.checkpoints(self._folders(), self.state_key, step)
         chosen = choose(found, before, " or ".join(self._folders()))

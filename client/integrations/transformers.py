@@ -9,7 +9,7 @@ from transformers.trainer_callback import ExportableState
 
 from . import _hf_checkpoints as ckpts
 from ._common import ClientHolder
-from ._rollback import choose, rolled_back
+from ._rollback import alert_began, choose, rolled_back
 
 
 class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
@@ -59,7 +59,7 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         client = self.client
         assert client is not None  # a handler runs inside the client's poll
         ckpts.check_supported(self._args)
-        before = client.alert_start if client.alert_start is not None else time.time()
+        before = alert_began(client)
         found = ckpts.checkpoints(self._args.output_dir, type(self).__name__, client.step)
         chosen = choose(found, before, self._args.output_dir)
         saved = ckpts.restore(chosen.path, self._model, client.optimizer, client.scheduler, type(self).__name__)

@@ -221,10 +221,8 @@ def _catch_stop() -> threading.Event:
     return stop
 
 
-def supervise(procs: list[subprocess.Popen], embedded: Any, stop: threading.Event | None = None) -> int:
-    """Wait until Ctrl-C / SIGTERM or a child dies; then stop every child and the embedded Redis."""
-    if stop is None:
-        stop = _catch_stop()
+def supervise(procs: list[subprocess.Popen], embedded: Any, stop: threading.Event) -> int:
+    """Wait until `stop` is set (Ctrl-C / SIGTERM) or a child dies; then stop every child and the embedded Redis."""
     code = 0
     try:
         while not stop.is_set():
