@@ -492,7 +492,7 @@ def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
             if not h:
                 gone.append(str(rid))  # expired by age: drop it from the listings (the sweep clears its bits)
                 continue
-            rec = from_hash(h)
+            rec = from_hash(str(rid), h)
             if q.accepts(rec):
                 items.append(rec)
                 if len(items) == want:

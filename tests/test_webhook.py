@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import datetime
 
 import pytest
 
+from trainmedic.client.receiver.mailbox import Mailbox
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.protocol import Command
 
@@ -34,6 +36,31 @@ def test_a_firing_alert_is_recorded_and_dispatched(http, r) -> None:
     assert rec["status"] == "dispatched" and rec["target"] == {"kind": "job", "name": "llama-ft-01"}
     assert rec["alert"]["fingerprint"] == "071ff15f8faead0f"
     assert [a["status"] for a in rec["actions"]] == ["pending", "pending"]
+
+
+def test_a_record_keeps_no_field_its_id_holds_and_reads_the_same(http, r) -> None:
+    Mailbox(r, keys.Target("job", "llama-ft-01")).heartbeat({"kind": "job", "pid": 42, "step": 7})  # no reason
+    [rem] = post_json(http, "/webhook", load_fixture("firing_single.json")).json["remediations"]
+    stored = r.hgetall(keys.record(rem["id"]))
+    # id, target and created_at come from the record's id and created_ms; empty detail, context and reason
+    # are left out: bytes a million records would hold for nothing.
+    assert not {"id", "target", "created_at", "detail", "context", "reason"} & set(stored)
+    shown = http.get(f"/remediations/{rem['id']}").json
+    assert shown["id"] == rem["id"] and shown["target"] == {"kind": "job", "name": "llama-ft-01"}
+    made = datetime.fromisoformat(shown["created_at"].replace("Z", "+00:00")).timestamp()
+    assert round(made * 1000) == int(stored["created_ms"]) and shown["created_at"].endswith("Z")
+    assert shown["reason"] is None and "detail" not in shown
+    # The alert leaves out Alertmanager's "not ended" time, truncated: false and the alertname label.
+    assert not {"ends_at", "truncated"} & set(json.loads(stored["alert"]))
+    assert "alertname" not in json.loads(stored["alert"])["labels"]
+    sent = load_fixture("firing_single.json")["alerts"][0]
+    assert shown["alert"]["labels"] == sent["labels"] and shown["alert"]["ends_at"] == sent["endsAt"]
+    assert shown["alert"]["truncated"] is False and shown["alert"]["alertname"] == sent["labels"]["alertname"]
+    # A record written before (every field stored) reads exactly as it did.
+    r.hset(keys.record(rem["id"]), mapping={"id": rem["id"], "target": json.dumps(shown["target"]),
+                                            "created_at": shown["created_at"], "detail": "", "context": "{}",
+                                            "alert": json.dumps(shown["alert"])})
+    assert http.get(f"/remediations/{rem['id']}").json == shown
 
 
 def test_it_does_not_repeat_on_resend(http, r) -> None:

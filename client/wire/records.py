@@ -116,6 +116,35 @@ def capped_alert(alert: dict[str, Any]) -> dict[str, Any]:
     return {**alert, "annotations": notes, "truncated": truncated}
 
 
+# What a stored alert leaves out when it holds the usual value (shown_alert puts it back): Alertmanager's
+# "not ended" time, an untruncated alert's flag, and the alertname label (the alert's own alertname says it).
+NOT_ENDED = "0001-01-01T00:00:00Z"
+
+
+def stored_alert(alert: dict[str, Any]) -> str:
+    """The alert as the record's hash holds it: capped, and without the values shown_alert puts back."""
+    d = capped_alert(alert)
+    if d.get("ends_at") == NOT_ENDED:
+        del d["ends_at"]
+    if d.get("truncated") is False:
+        del d["truncated"]
+    labels = d.get("labels")
+    if isinstance(labels, dict) and d.get("alertname") and labels.get("alertname") == d["alertname"]:
+        d["labels"] = {k: v for k, v in labels.items() if k != "alertname"}
+    return dumps(d)
+
+
+def shown_alert(text: str) -> dict[str, Any]:
+    """The record's alert as the contract shows it, from what stored_alert kept (or a whole one)."""
+    d: dict[str, Any] = json.loads(text)
+    d.setdefault("ends_at", NOT_ENDED)
+    d.setdefault("truncated", False)
+    labels = d.get("labels")
+    if isinstance(labels, dict) and d.get("alertname") and "alertname" not in labels:
+        d["labels"] = {"alertname": d["alertname"], **labels}
+    return d
+
+
 @dataclass(frozen=True)
 class Step:
     """One action of a record as written into it: what the applier is asked, and how the record shows it."""
@@ -208,21 +237,25 @@ class NewRecord:
     def keys_args(self, cluster: bool) -> tuple[list[str], dict[str, Any]]:
         """DECIDE's ten KEYS and its ARGV[1] (before JSON)."""
         t = self.target
-        at = rfc3339(self.now)
+        now_ms = ms(self.now)
+        # The record's created_at is created_ms as RFC 3339 (derived on read, like its id and target).
+        at = rfc3339(now_ms / 1000)
         fields: dict[str, Any] = {
-            "id": self.rid, "created_at": at, "created_ms": ms(self.now), "playbook": self.playbook,
-            "n": len(self.steps), "alert": dumps(capped_alert(self.alert)), "target": dumps(t.as_dict()),
-            "mode": self.mode, "detail": self.detail, "context": dumps(self.context),
-            "expire_after": self.expire_after, "requested_by": self.requested_by, "fence": self.fence,
-            "start": self.episode_start, **dict(self.extra),
+            "created_ms": now_ms, "playbook": self.playbook, "n": len(self.steps),
+            "alert": stored_alert(self.alert), "mode": self.mode, "expire_after": self.expire_after,
+            "requested_by": self.requested_by, "fence": self.fence, "start": self.episode_start, **dict(self.extra),
         }
+        # Left out when empty: the reader takes a missing one as empty (Redis holds ~20 bytes less a record).
+        if self.detail:
+            fields["detail"] = self.detail
+        if self.context:
+            fields["context"] = dumps(self.context)
         if self.verify is not None:
             fields["verify_ms"] = ms(self.verify)
         if self.stage:
             fields.update(stage=self.stage, parent=self.parent)
         for i, st in enumerate(self.steps):
             fields[f"a:{i}:spec"] = st.spec()
-        now_ms = ms(self.now)
         args = {
             "now": now_ms, "at": at, "mode": self.mode, "start": self.episode_start,
             "rid": self.rid, "forced_reason": self.forced_reason, "cooldown_ms": ms(self.cooldown),
@@ -405,11 +438,31 @@ def actions_of(h: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def from_hash(h: dict[str, Any]) -> dict[str, Any]:
+def _from_id(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
+    """The hash with the fields a record does not store because its id holds them: id, target, created_at."""
+    h.setdefault("id", record_id)
+    if "target" not in h:
+        h["target"] = dumps(keys.target_of_record(record_id).as_dict())
+    if "created_at" not in h:
+        h["created_at"] = rfc3339(int(h.get("created_ms") or 0) / 1000)
+    return h
+
+
+def derived(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
+    """The hash with every field a record leaves out put back (its alert whole), for readers of the raw hash."""
+    if h:
+        _from_id(record_id, h)
+        if "alert" in h:
+            h["alert"] = dumps(shown_alert(h["alert"]))
+    return h
+
+
+def from_hash(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
     """The contract's record from its Redis hash."""
+    h = _from_id(record_id, h)
     rec: dict[str, Any] = {
         "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
-        "reason": h.get("reason") or None, "alert": json.loads(h["alert"]), "target": json.loads(h["target"]),
+        "reason": h.get("reason") or None, "alert": shown_alert(h["alert"]), "target": json.loads(h["target"]),
         "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
         "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
         "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
@@ -436,7 +489,7 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     h = r.hgetall(key)
-    return from_hash(h) if h else None
+    return from_hash(record_id, h) if h else None
 
 
 # -- the service's own bookkeeping on a record ------------------------------------------------------------
@@ -446,7 +499,7 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
 
 def stored(r: Any, record_id: str) -> dict[str, str]:
     """The record's hash as Redis holds it ({} when it is gone): the service's view, before from_hash."""
-    return dict(r.hgetall(keys.record(record_id)))
+    return derived(record_id, dict(r.hgetall(keys.record(record_id))))
 
 
 def field(r: Any, record_id: str, name: str) -> str | None:

@@ -192,7 +192,9 @@ if status == 'dispatched' and tonumber(a.no_live) == 1 and reason == '' then
   -- Said on the record while nothing heartbeats for the target; the command still waits until it expires.
   reason = 'no_live_target'
 end
-local h = {'status', status, 'reason', reason}
+local h = {'status', status}
+-- An empty reason is left out (the reader takes a missing one as none).
+if reason ~= '' then h[#h + 1] = 'reason'; h[#h + 1] = reason end
 for k, v in pairs(a.fields) do h[#h + 1] = k; h[#h + 1] = v end
 for i = 0, n - 1 do h[#h + 1] = 'a:' .. i .. ':status'; h[#h + 1] = astatus end
 if status == 'dispatched' then
