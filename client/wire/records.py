@@ -498,7 +498,7 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
 # `silence_error`. Marks are set with HSETNX so that racing replicas do each thing once.
 
 def stored(r: Any, record_id: str) -> dict[str, str]:
-    """The record's hash as Redis holds it ({} when it is gone): the service's view, before from_hash."""
+    """The record's hash ({} when it is gone) with what it leaves out put back: the service's view, before from_hash."""
     return derived(record_id, dict(r.hgetall(keys.record(record_id))))
 
 
