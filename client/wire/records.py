@@ -12,7 +12,7 @@ from functools import cache, cached_property
 from hashlib import sha1
 from importlib import resources
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from . import keys
 from .protocol import ACK_STATUSES, Ack, dumps, rfc3339
@@ -438,31 +438,28 @@ def actions_of(h: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _from_id(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
-    """The hash with the fields a record does not store because its id holds them: id, target, created_at."""
-    h.setdefault("id", record_id)
-    if "target" not in h:
-        h["target"] = dumps(keys.target_of_record(record_id).as_dict())
-    if "created_at" not in h:
-        h["created_at"] = rfc3339(int(h.get("created_ms") or 0) / 1000)
-    return h
-
-
 def derived(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
-    """The hash with every field a record leaves out put back (its alert whole), for readers of the raw hash."""
+    """The hash with the fields a record does not store because its id holds them: id, target, created_at."""
     if h:
-        _from_id(record_id, h)
-        if "alert" in h:
-            h["alert"] = dumps(shown_alert(h["alert"]))
+        h.setdefault("id", record_id)
+        if "target" not in h:
+            h["target"] = dumps(keys.target_of_record(record_id).as_dict())
+        if "created_at" not in h:
+            h["created_at"] = rfc3339(int(h.get("created_ms") or 0) / 1000)
     return h
+
+
+def alert_of(h: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's alert, whole (shown_alert), from its hash; {} if it has none."""
+    return shown_alert(h["alert"]) if h.get("alert") else {}
 
 
 def from_hash(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
     """The contract's record from its Redis hash."""
-    h = _from_id(record_id, h)
+    h = derived(record_id, h)
     rec: dict[str, Any] = {
         "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
-        "reason": h.get("reason") or None, "alert": shown_alert(h["alert"]), "target": json.loads(h["target"]),
+        "reason": h.get("reason") or None, "alert": alert_of(h), "target": json.loads(h["target"]),
         "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
         "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
         "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
@@ -498,7 +495,8 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
 # `silence_error`. Marks are set with HSETNX so that racing replicas do each thing once.
 
 def stored(r: Any, record_id: str) -> dict[str, str]:
-    """The record's hash ({} when it is gone) with what it leaves out put back: the service's view, before from_hash."""
+    """The record's hash ({} when it is gone) with its id's fields put back: the service's view (records.alert_of
+    reads its alert)."""
     return derived(record_id, dict(r.hgetall(keys.record(record_id))))
 
 

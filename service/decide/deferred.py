@@ -70,7 +70,7 @@ class Conditions:
             send.append((i, st))
         text = signature = ""
         if send:
-            alert = records.loads_or(h.get("alert"), {})
+            alert = records.alert_of(h)
             expires = int(h.get("expires_ms") or 0) / 1000
             cmd = command_for(h["id"], target, send, context, now, max(1.0, expires - now),
                               alert.get("fingerprint", ""), h.get("fence") or "", alert.get("starts_at", ""))

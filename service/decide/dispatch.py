@@ -289,7 +289,7 @@ class Dispatcher:
         if not h:
             return ["missing"]
         target = keys.target_of_record(record_id)
-        alert = json.loads(h.get("alert") or "{}")
+        alert = records.alert_of(h)
         steps = steps_of(h)
         now = time.time()
         expire_after = float(h.get("expire_after") or 3600)

@@ -126,7 +126,7 @@ class FollowUp:
         if not fresh:
             return
         target = records.loads_or(h.get("target"), {})
-        alert = records.loads_or(h.get("alert"), {})
+        alert = records.alert_of(h)
         notice = Notice(rid, pb.name, f"{target.get('kind')}:{target.get('name')}", str(alert.get("alertname", "")),
                         int(h.get("stage") or 0), tuple(fresh), self.link(rid))
         self.notifier.send(url, notice)
@@ -145,7 +145,7 @@ class FollowUp:
                                   "the reconciler stopped while it was making the silence")
             return records.field(self.r, rid, "silence_id")
         assert self.alertmanager is not None
-        alert = records.loads_or(h.get("alert"), {})
+        alert = records.alert_of(h)
         dispatched = int(h.get("dispatched_ms") or h.get("created_ms") or now * 1000) / 1000
         seconds = max(60.0, dispatched + pb.silence_seconds - now)
         try:
@@ -189,8 +189,8 @@ class FollowUp:
     def next_stage(self, target: keys.Target, h: Mapping[str, str], first: Mapping[str, str], pb: Playbook,
                    stage: int, now: float) -> str:
         """Make the ladder's next stage after record h: DECIDE's status ('closed' when the episode ended)."""
-        alert = alert_of_record(records.loads_or(first.get("alert"), {}), "firing",
-                                records.loads_or(first.get("alert"), {}).get("fingerprint", ""))
+        was = records.alert_of(first)
+        alert = alert_of_record(was, "firing", was.get("fingerprint", ""))
         context = records.loads_or(first.get("context"), {})
         extra = (("silence_id", first["silence_id"]),) if first.get("silence_id") else ()
         d = Decision(pb, "stage", alert, Resolution(target, context), requested_by="reconciler", stage=stage)
@@ -237,7 +237,7 @@ class _Pass:
         self.f, self.target, self.h, self.pb, self.now, self.view = f, target, h, pb, now, view
         self.rid = h["id"]
         self.stage = int(h.get("stage") or 0)
-        self.alert = records.loads_or(h.get("alert"), {})
+        self.alert = records.alert_of(h)
         self.fingerprint = str(self.alert.get("fingerprint", ""))
         self.first = h if not h.get("parent") else (records.stored(f.r, h["parent"]) or h)
         self.events: list[str] = []

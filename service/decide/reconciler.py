@@ -194,7 +194,7 @@ class Reconciler:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
         rec = records.stored(self.r, ob["rid"]) if ob.get("rid") else {}
-        alert = alert_of_record(records.loads_or(rec.get("alert"), {}), "resolved", fingerprint)
+        alert = alert_of_record(records.alert_of(rec), "resolved", fingerprint)
         context = records.loads_or(rec.get("context"), {}) if rec else {}
         outcome = self.dispatcher.decide_one(
             Decision(pb, "timeout", alert, Resolution(target, context), requested_by="reconciler"), now)
