@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,11 +57,31 @@ def timed(url: str, n: int) -> list[float]:
     return out
 
 
+def kind_of(key: str) -> str:
+    """A key's kind: its name with the target's hash tag, playbook, fingerprint and record id taken out."""
+    parts = re.sub(r"\{[^}]*\}:?", "", key.removeprefix(keys.PREFIX)).split(":")
+    return ":".join(parts[:2]) if parts[0] == "hist" else parts[0]
+
+
+def by_kind(r: redis.Redis, n: int) -> None:
+    """Where the bytes go: MEMORY USAGE (every element) summed by key kind, per record."""
+    total: dict[str, list[int]] = {}
+    for key in r.scan_iter(match=keys.PREFIX + "*", count=10_000):
+        use = r.memory_usage(key, samples=0) or 0
+        kinds = total.setdefault(kind_of(key), [0, 0])
+        kinds[0] += 1
+        kinds[1] += use
+    print("| key kind | keys | bytes per record |\n|---|---|---|")
+    for kind, (count, use) in sorted(total.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {kind} | {count:,} | {use / max(n, 1):,.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--targets", type=int, default=10_000)
     ap.add_argument("--gets", type=int, default=200)
+    ap.add_argument("--by-kind", action="store_true", help="also sum MEMORY USAGE by key kind (slow past 100,000)")
     args = ap.parse_args()
     with Stack(workers=4) as stack:
         r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
@@ -112,6 +133,8 @@ def main() -> None:
         }
         print(f"records {n:,}, targets {args.targets:,}, fill {fill_s:.0f} s ({n / fill_s:,.0f}/s through POST "
               f"/webhook), acks+expiry+index {mark_s:.0f} s, Redis {per_record:,.0f} bytes/record")
+        if args.by_kind:
+            by_kind(r, n)
         print("| query | p50 ms | p99 ms | items |\n|---|---|---|---|")
         for label, path in queries.items():
             ms = timed(stack.url + path, args.gets)

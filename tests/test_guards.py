@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import Command
 
 from tests.conftest import AUTH, OP_AUTH, write_playbooks
 from tests.support.jobs import wait_until
@@ -142,6 +143,11 @@ def test_approval_holds_the_action_until_one_approve_releases_it_to_the_agent(se
         codes = sorted(pool.map(lambda _: approve(service.url, rem["id"]).status_code, range(8)))
     assert codes == [200] + [409] * 7  # four workers race; exactly one release
     assert dispatched_commands(r) == 1
+    # The release signs its command anew with the fence the record's own fields give (no fence is stored).
+    [(_, entry)] = r.xrange(keys.mailbox(keys.Target("node", "gpu-node-1")))
+    fp = rec["alert"]["fingerprint"]
+    assert Command.from_json(entry["c"]).fence == f"{fp}|2026-11-22T01:25:24Z|hold|0|firing"
+    assert "fence" not in r.hgetall(keys.record(rem["id"]))
     rec = wait_record(r, rem["id"])
     assert rec["status"] == "applied" and nvml_state.limit_w(0) == 560
     again = approve(service.url, rem["id"])

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 
 from trainmedic.client.receiver.mailbox import Mailbox
-from trainmedic.client.wire import keys
+from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import Command
 
 from tests.conftest import AUTH, TOKEN, load_fixture, post_json
@@ -45,22 +45,60 @@ def test_a_record_keeps_no_field_its_id_holds_and_reads_the_same(http, r) -> Non
     # id, target and created_at come from the record's id and created_ms; empty detail, context and reason
     # are left out: bytes a million records would hold for nothing.
     assert not {"id", "target", "created_at", "detail", "context", "reason"} & set(stored)
+    # Nor what holds the usual value (mode firing, requested by the webhook), what only a hold needs (its
+    # expire_after) or what the record's fields give (the applier's fence: the command carries it).
+    assert not {"mode", "requested_by", "expire_after", "fence"} & set(stored)
+    # Nor the episode's start when it is the alert's startsAt to the second.
+    sent = load_fixture("firing_single.json")["alerts"][0]
+    assert "start" not in stored and sent["startsAt"] == "2026-11-22T01:25:24.115697517Z"
+    assert records.start_of(stored) == "2026-11-22T01:25:24Z"
+    [(_, entry)] = mailbox(r, "job", "llama-ft-01")
+    fence = f"{sent['fingerprint']}|2026-11-22T01:25:24Z|loss-spike|0|firing"
+    assert Command.from_json(entry["c"]).fence == fence == records.fence_of(records.stored(r, rem["id"]))
     shown = http.get(f"/remediations/{rem['id']}").json
     assert shown["id"] == rem["id"] and shown["target"] == {"kind": "job", "name": "llama-ft-01"}
     made = datetime.fromisoformat(shown["created_at"].replace("Z", "+00:00")).timestamp()
     assert round(made * 1000) == int(stored["created_ms"]) and shown["created_at"].endswith("Z")
-    assert shown["reason"] is None and "detail" not in shown
-    # The alert leaves out Alertmanager's "not ended" time, truncated: false and the alertname label.
-    assert not {"ends_at", "truncated"} & set(json.loads(stored["alert"]))
+    assert shown["reason"] is None and "detail" not in shown and shown["requested_by"] == "webhook"
+    assert "on_resolved" not in shown
+    # The alert leaves out Alertmanager's "not ended" time, truncated: false, a firing alert's status and the
+    # alertname label.
+    assert not {"ends_at", "truncated", "status"} & set(json.loads(stored["alert"]))
+    assert shown["alert"]["status"] == "firing"
     assert "alertname" not in json.loads(stored["alert"])["labels"]
-    sent = load_fixture("firing_single.json")["alerts"][0]
     assert shown["alert"]["labels"] == sent["labels"] and shown["alert"]["ends_at"] == sent["endsAt"]
     assert shown["alert"]["truncated"] is False and shown["alert"]["alertname"] == sent["labels"]["alertname"]
     # A record written before (every field stored) reads exactly as it did.
     r.hset(keys.record(rem["id"]), mapping={"id": rem["id"], "target": json.dumps(shown["target"]),
                                             "created_at": shown["created_at"], "detail": "", "context": "{}",
-                                            "alert": json.dumps(shown["alert"])})
+                                            "alert": json.dumps(shown["alert"]), "mode": "firing",
+                                            "requested_by": "webhook", "fence": fence, "expire_after": 3600,
+                                            "start": "2026-11-22T01:25:24Z"})
     assert http.get(f"/remediations/{rem['id']}").json == shown
+    assert records.fence_of(records.stored(r, rem["id"])) == fence
+
+
+def test_a_cooldown_skip_and_its_episode_keep_only_what_they_need(http, r) -> None:
+    body = load_fixture("firing_single.json")
+    [first] = post_json(http, "/webhook", body).json["remediations"]
+    body["alerts"][0]["fingerprint"] = "0123456789abcdef"  # another alert of the job, within the cooldown
+    [skip] = post_json(http, "/webhook", body).json["remediations"]
+    assert (skip["status"], skip["reason"]) == ("skipped", "cooldown")
+    stored = r.hgetall(keys.record(skip["id"]))
+    # A skip nobody follows gets no outcome: no verify time; nor anything only a dispatch or a hold needs.
+    assert not {"verify_ms", "expire_after", "fence", "mode", "requested_by", "cmd", "sig", "start"} & set(stored)
+    # Its actions are all skipped: the record says so once, not once an action.
+    assert not [f for f in stored if f.endswith(":status")]
+    shown = http.get(f"/remediations/{skip['id']}").json
+    assert shown["requested_by"] == "webhook" and shown["outcome"] is None
+    assert [a["status"] for a in shown["actions"]] == ["skipped"] * len(shown["actions"])
+    # The episode keeps its record's 26-character head (the target is its key's); a resend is a duplicate
+    # (test_dispatch: its answer names the whole id).
+    episode = r.hgetall(keys.episode(keys.Target("job", "llama-ft-01"), "loss-spike", "0123456789abcdef"))
+    assert episode == {"open": "2026-11-22T01:25:24Z", "rid": skip["id"][:26]}
+    again = post_json(http, "/webhook", body).json
+    assert again["duplicates"] == 1 and again["remediations"] == []
+    assert r.hget(keys.record(first["id"]), "status") == "dispatched"
 
 
 def test_it_does_not_repeat_on_resend(http, r) -> None:

@@ -72,6 +72,15 @@ def finite(value: Any) -> Any:
     return value
 
 
+def fence(fingerprint: str, start: str, playbook: str, stage: int, mode: str) -> str:
+    """What an applier fences on besides the record id (Command.fence): one alert episode, playbook, stage and
+    mode; a timeout undoes as a resolve does and a stage fires, and a manual command has none."""
+    if mode == "manual":
+        return ""
+    mode = {"timeout": "resolved", "stage": "firing"}.get(mode, mode)
+    return f"{fingerprint}|{start}|{playbook}|{stage}|{mode}"
+
+
 class ProtocolError(ValueError):
     """A mailbox entry that is not a command this version understands."""
 

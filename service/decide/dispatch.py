@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys, protocol, records
 from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
 from trainmedic.client.wire.records import Step
 from trainmedic.client.wire.redis import is_cluster, run_scripts
@@ -70,14 +70,6 @@ class Outcome:
     def as_dict(self) -> dict:
         return {"id": self.record_id, "playbook": self.playbook, "fingerprint": self.fingerprint,
                 "status": self.status, "reason": self.reason}
-
-
-def fence_key(d: Decision) -> str:
-    """What an applier fences on besides the record id: one alert episode, playbook, stage and mode."""
-    if d.mode == "manual":
-        return ""
-    mode = {"timeout": "resolved", "stage": "firing"}.get(d.mode, d.mode)
-    return f"{d.alert.fingerprint}|{d.alert.episode_start}|{d.playbook.name}|{d.stage}|{mode}"
 
 
 @dataclass(frozen=True)
@@ -226,7 +218,7 @@ class Dispatcher:
         pb, s, target = d.playbook, self.settings, d.target
         rid = new_record_id(target)
         steps = d.steps
-        fence = fence_key(d)
+        fence = protocol.fence(d.alert.fingerprint, d.alert.episode_start, pb.name, d.stage, d.mode)
         command = signature = ""
         early, send, defer = plan_send(target, steps, reach)
         if send and not defer and not d.resolution.reason:
@@ -243,7 +235,7 @@ class Dispatcher:
             budget=pb.max_runs or (0, 0.0), approval=pb.approval, approval_timeout=pb.approval_timeout,
             dry_run=pb.dry_run or s.dry_run, undo=bool(pb.on_resolved), record_ttl=s.record_ttl,
             episode_ttl=s.episode_ttl, obligation_due=s.alertmanager_poll or pb.resolve_timeout,
-            mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by, fence=fence,
+            mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by,
             follow=d.answers_for_alert or bool(pb.notify) or s.notify or defer,
             early=early, no_live=reach is not None and not reach.live, defer=defer,
             verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=parent, prev=prev,
@@ -297,7 +289,7 @@ class Dispatcher:
         text = signature = ""
         if send and not defer:
             text = command_for(record_id, target, send, json.loads(h.get("context") or "{}"), now, expire_after,
-                               alert.get("fingerprint", ""), h.get("fence") or "", alert.get("starts_at", "")).to_json()
+                               alert.get("fingerprint", ""), records.fence_of(h), alert.get("starts_at", "")).to_json()
             signature = self.signer.sign(text.encode())
         answer = run_scripts(self.r, [records.approve_call(
             self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,

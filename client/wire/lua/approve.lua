@@ -25,9 +25,6 @@ if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
   local holds = ' ' .. (redis.call('HGET', KEYS[3], 'holds') or '') .. ' '
   holds = string.gsub(holds, ' ' .. string.gsub(a.rid, '%p', '%%%0') .. ' ', ' ')
   redis.call('HSET', KEYS[3], 'holds', holds)
-  if redis.call('HGET', KEYS[3], 'rid') == a.rid then
-    redis.call('HSET', KEYS[3], 'st', a.verb == 'approve' and 'dispatched' or 'skipped')
-  end
 end
 if a.verb == 'reject' then
   end_open(rec, 'skipped', 'rejected', 'A person rejected it.', a.at)

@@ -14,7 +14,7 @@
 -- Returns {status, record id, reason}. 'duplicate', 'stale' and 'closed' mean no new record.
 --
 -- Episodes (CONTRACT "Guarantees"): the episode hash holds `open` (start of the open episode), `closed`
--- (latest start of a closed one, kept as a tombstone), `rid`/`st` (the open episode's record and status)
+-- (latest start of a closed one, kept as a tombstone), `rid` (the open episode's record, its head: ep_rid)
 -- and `holds` (records held for approval); a resolve leaves `res_start`, `res_ms` and `res_at` (the closed
 -- episode's start and its endsAt), from which the reconciler decides outcomes. The obligation hash (rid, dry,
 -- seen) says that a firing record changed something that the final resolve must undo, whichever episode
@@ -51,6 +51,13 @@ if tonumber(a.hb) == 1 then
 end
 
 local prefix = string.sub(rec, 1, #rec - #rid)
+-- The episode keeps its record's time-sortable head only (26 characters): the rest names the target, whose
+-- key the episode is. One written before keeps the whole id.
+local function ep_rid()
+  local r = redis.call('HGET', ep, 'rid')
+  if r and #r == 26 then return r .. string.sub(rid, 27) end
+  return r
+end
 
 local function close_episode()
   local open = redis.call('HGET', ep, 'open')
@@ -59,13 +66,13 @@ local function close_episode()
   if mode == 'resolved' and open then
     redis.call('HSET', ep, 'res_start', open, 'res_ms', a.ends_ms, 'res_at', a.ends_at)
     -- The episode's ladder (its first record, then each `next`) learns of the resolve at once.
-    local r, hops = redis.call('HGET', ep, 'rid'), 0
+    local r, hops = ep_rid(), 0
     while r and r ~= '' and hops < 64 do
       if redis.call('HGET', prefix .. r, 'follow') == '1' then redis.call('ZADD', open_z, now, r) end
       r, hops = redis.call('HGET', prefix .. r, 'next'), hops + 1
     end
   end
-  redis.call('HDEL', ep, 'open', 'rid', 'st')
+  redis.call('HDEL', ep, 'open', 'rid', 'st')  -- st: written by earlier versions
   -- The alert is over: a hold that nobody approved must not throttle a GPU that nothing will restore.
   local holds = redis.call('HGET', ep, 'holds')
   if holds then
@@ -108,7 +115,7 @@ if mode == 'firing' then
     -- two Prometheus servers (never one of a closed episode's, which is a late retry of that episode).
     if a.start < open and (not closed or a.start > closed) then redis.call('HSET', ep, 'open', a.start) end
     redis.call('PEXPIRE', ep, a.episode_ttl_ms)
-    return {'duplicate', redis.call('HGET', ep, 'rid') or '', ''}
+    return {'duplicate', ep_rid() or '', ''}
   end
   if closed and a.start <= closed then
     redis.call('PEXPIRE', ep, a.episode_ttl_ms)
@@ -165,7 +172,7 @@ if status ~= 'skipped' and dry then status = 'dry_run' end
 
 if mode == 'stage' then redis.call('HSET', KEYS[8], 'next', rid) end
 if mode == 'firing' or mode == 'stage' then
-  if mode == 'firing' then redis.call('HSET', ep, 'open', a.start, 'rid', rid, 'st', status) end
+  if mode == 'firing' then redis.call('HSET', ep, 'open', a.start, 'rid', string.sub(rid, 1, 26)) end
   if status == 'pending_approval' then
     redis.call('HSET', ep, 'holds', ((redis.call('HGET', ep, 'holds') or '') .. ' ' .. rid))
   end
@@ -192,11 +199,16 @@ if status == 'dispatched' and tonumber(a.no_live) == 1 and reason == '' then
   -- Said on the record while nothing heartbeats for the target; the command still waits until it expires.
   reason = 'no_live_target'
 end
+-- A skip that nobody follows gets no outcome, so it keeps no time to verify one by.
+if status == 'skipped' and not follow then a.fields.verify_ms = nil end
 local h = {'status', status}
 -- An empty reason is left out (the reader takes a missing one as none).
 if reason ~= '' then h[#h + 1] = 'reason'; h[#h + 1] = reason end
 for k, v in pairs(a.fields) do h[#h + 1] = k; h[#h + 1] = v end
-for i = 0, n - 1 do h[#h + 1] = 'a:' .. i .. ':status'; h[#h + 1] = astatus end
+-- A skipped record's actions are all skipped: the reader says so (records.actions_of) without them stored.
+if status ~= 'skipped' then
+  for i = 0, n - 1 do h[#h + 1] = 'a:' .. i .. ':status'; h[#h + 1] = astatus end
+end
 if status == 'dispatched' then
   for idx, e in pairs(a.early or {}) do
     local p = 'a:' .. idx .. ':'
