@@ -459,14 +459,12 @@ def actions_of(h: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def derived(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
-    """The hash with the fields a record does not store because its id holds them (id, target, created_at) or
-    because they hold the usual value (mode, requested_by)."""
+    """The hash with the fields a record does not store because its id holds them (id, created_at; its target
+    is keys.target_of_record) or because they hold the usual value (mode, requested_by)."""
     if h:
         h.setdefault("id", record_id)
         h.setdefault("mode", "firing")
         h.setdefault("requested_by", "webhook")
-        if "target" not in h:
-            h["target"] = dumps(keys.target_of_record(record_id).as_dict())
         if "created_at" not in h:
             h["created_at"] = rfc3339(int(h.get("created_ms") or 0) / 1000)
     return h
@@ -496,7 +494,8 @@ def from_hash(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
     h = derived(record_id, h)
     rec: dict[str, Any] = {
         "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
-        "reason": h.get("reason") or None, "alert": alert_of(h), "target": json.loads(h["target"]),
+        "reason": h.get("reason") or None, "alert": alert_of(h),
+        "target": json.loads(h["target"]) if "target" in h else keys.target_of_record(record_id).as_dict(),
         "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
         "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
         "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,

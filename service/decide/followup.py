@@ -125,9 +125,8 @@ class FollowUp:
         fresh = [e for e in ordered(events) if records.mark_once(self.r, rid, f"notified:{e}")]
         if not fresh:
             return
-        target = records.loads_or(h.get("target"), {})
         alert = records.alert_of(h)
-        notice = Notice(rid, pb.name, f"{target.get('kind')}:{target.get('name')}", str(alert.get("alertname", "")),
+        notice = Notice(rid, pb.name, keys.target_of_record(rid).label, str(alert.get("alertname", "")),
                         int(h.get("stage") or 0), tuple(fresh), self.link(rid))
         self.notifier.send(url, notice)
 
