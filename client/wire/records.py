@@ -253,9 +253,10 @@ class NewRecord:
             "created_ms": now_ms, "playbook": self.playbook, "n": len(self.steps),
             "alert": stored_alert(self.alert), **dict(self.extra),
         }
-        # Left out when they are the usual value (derived() puts them back), when only a hold needs them (the
-        # release signs its command anew), when empty: a cooldown skip, most of a storm's records, then fits
-        # jemalloc's 896-byte class instead of 1,024. The applier's fence is derived too (fence_of).
+        # Left out when the record's other fields give them (start_of, derived()), when only a hold needs them
+        # (the release signs its command anew), when empty; the applier's fence is derived too (fence_of). With
+        # DECIDE leaving out a skip's action statuses, a cooldown skip (most of a storm's records) fits
+        # jemalloc's 768-byte class instead of 1,024.
         if self.episode_start != alert_second(str(self.alert.get("starts_at") or "")):
             fields["start"] = self.episode_start
         if self.mode != "firing":
