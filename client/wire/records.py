@@ -471,18 +471,22 @@ def derived(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
     return h
 
 
-def fence_of(h: Mapping[str, Any]) -> str:
-    """The applier's fence (protocol.fence) of a stored record: from its alert, start, playbook, stage and mode
-    (a record written before they were derived keeps its own)."""
+def fence_of(h: Mapping[str, Any], alert: Mapping[str, Any] | None = None) -> str:
+    """The applier's fence (protocol.fence) of a stored record: from its alert (alert_of(h), passed by a caller
+    that read it already), start, playbook, stage and mode (a record written before keeps its own)."""
     if "fence" in h:
         return str(h["fence"])
-    return fence(alert_of(h).get("fingerprint", ""), start_of(h), h.get("playbook", ""), int(h.get("stage") or 0),
+    alert = alert_of(h) if alert is None else alert
+    return fence(alert.get("fingerprint", ""), start_of(h, alert), h.get("playbook", ""), int(h.get("stage") or 0),
                  h.get("mode") or "firing")
 
 
-def start_of(h: Mapping[str, Any]) -> str:
-    """The start of the record's alert episode: stored, or its alert's startsAt to the second."""
-    return str(h.get("start") or alert_second(str(alert_of(h).get("starts_at") or "")))
+def start_of(h: Mapping[str, Any], alert: Mapping[str, Any] | None = None) -> str:
+    """The start of the record's alert episode: stored, or its alert's startsAt to the second (the alert as
+    fence_of says)."""
+    if h.get("start"):
+        return str(h["start"])
+    return alert_second(str((alert_of(h) if alert is None else alert).get("starts_at") or ""))
 
 
 def alert_of(h: Mapping[str, Any]) -> dict[str, Any]:

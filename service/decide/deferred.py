@@ -73,7 +73,7 @@ class Conditions:
             alert = records.alert_of(h)
             expires = int(h.get("expires_ms") or 0) / 1000
             cmd = command_for(h["id"], target, send, context, now, max(1.0, expires - now),
-                              alert.get("fingerprint", ""), records.fence_of(h), alert.get("starts_at", ""))
+                              alert.get("fingerprint", ""), records.fence_of(h, alert), alert.get("starts_at", ""))
             text = cmd.to_json()
             signature = self.dispatcher.signer.sign(text.encode())
         status = records.deferred(self.dispatcher.scripts, h["id"], now, text, signature, tuple(early),

@@ -288,8 +288,9 @@ class Dispatcher:
         early, send, defer = plan_send(target, steps, self.reach([target]).get(target))
         text = signature = ""
         if send and not defer:
-            text = command_for(record_id, target, send, json.loads(h.get("context") or "{}"), now, expire_after,
-                               alert.get("fingerprint", ""), records.fence_of(h), alert.get("starts_at", "")).to_json()
+            cmd = command_for(record_id, target, send, json.loads(h.get("context") or "{}"), now, expire_after,
+                              alert.get("fingerprint", ""), records.fence_of(h, alert), alert.get("starts_at", ""))
+            text = cmd.to_json()
             signature = self.signer.sign(text.encode())
         answer = run_scripts(self.r, [records.approve_call(
             self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,

@@ -261,7 +261,7 @@ class _Pass:
     def resolved(self) -> Resolved | None:
         """The resolve of this record's episode (or of a later one), from the resolve notification."""
         ep = self.f.r.hmget(keys.episode(self.target, self.pb.name, self.fingerprint), "res_start", "res_ms", "res_at")
-        start = records.start_of(self.h)
+        start = records.start_of(self.h, self.alert)
         if ep[0] and start and ep[0] >= start and ep[1]:
             return Resolved(ep[2] or "", int(ep[1]))
         return None
@@ -288,7 +288,7 @@ class _Pass:
         so every record of the ladder is decided by the same resolve."""
         if self.active() is not False:
             return None
-        return self.f.note_resolved(self.target, self.pb, self.fingerprint, records.start_of(self.h),
+        return self.f.note_resolved(self.target, self.pb, self.fingerprint, records.start_of(self.h, self.alert),
                                     self.first["id"], self.now)
 
     def outcome(self, current: str, res: Resolved | None) -> tuple[str, Resolved | None]:
