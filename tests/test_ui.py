@@ -248,3 +248,33 @@ def test_paging_follows_the_history_cursor(site: tuple[Server, Any], page: Page)
     assert sorted(first_page + second_page, reverse=True) == first_page + second_page
     expect(page.locator("a", has_text="newest")).to_be_visible()
 
+
+
+def test_the_page_helpers_escape_every_value_and_link_where_url_for_does(app: Any) -> None:
+    """badge, outcome_badge, target_link, lr_change and the record and target links are Python, not Jinja
+    macros (a page of 50 records calls them hundreds of times): they escape what they are given, and link
+    exactly where url_for does, under the prefix the app is mounted at too."""
+    from flask import url_for
+
+    from trainmedic.service.web import ui
+
+    rid = "01JABCDEFGHJKMNPQRSTVWXYZ0~job~llm:a@b.c_d-e"
+    for prefix in ("", "/ops/trainmedic"):
+        with app.test_request_context("/", base_url=f"http://example.com{prefix}"):
+            assert ui.record_url(rid) == url_for("ui.record", rid=rid) == f"{prefix}/records/{rid}"
+            assert ui.target_url("node", "gpu-01:9100") == url_for("ui.target", kind="node", name="gpu-01:9100")
+            assert ui.target_link({"kind": "job", "name": "a<b"}) == (
+                f'<a href="{prefix}/targets/job/a%3Cb"><span class="kind">job</span>a&lt;b</a>')
+    with app.test_request_context("/"):
+        assert ui.badge("partially_applied") == '<span class="badge st-partially_applied">◐ partially applied</span>'
+        assert ui.badge("<i>x", "chip") == '<span class="chip st-&lt;i&gt;x"> &lt;i&gt;x</span>'
+        assert ui.outcome_badge({"status": "effective"}, "chip") == '<span class="chip oc-effective">✓ effective</span>'
+        assert ui.outcome_badge({"status": '"><script>'}) == (
+            '<span class="badge oc-&#34;&gt;&lt;script&gt;"> &#34;&gt;&lt;script&gt;</span>')
+        assert ui.target_link({"kind": "job", "name": ""}) == (
+            '<span class="kind">job</span><span class="muted">none (bad label)</span>')
+        assert ui.lr_change({"old_lr": [0.001, 0.001], "new_lr": [0.0005, 0.0005]}) == (
+            '\n<span class="lr" title="learning rate of each param group, before → after">'
+            'LR 0.001 (×2 groups) → 0.0005 (×2 groups)</span>')
+        assert ui.lr_change({"old_lr": ["<b>"], "new_lr": [1.0]}).count("&lt;b&gt;") == 1
+        assert ui.lr_change({"old_lr": [], "new_lr": [0.1]}) == ui.lr_change(None) == ui.lr_change({}) == ""
