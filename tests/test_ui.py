@@ -278,3 +278,7 @@ def test_the_page_helpers_escape_every_value_and_link_where_url_for_does(app: An
             'LR 0.001 (×2 groups) → 0.0005 (×2 groups)</span>')
         assert ui.lr_change({"old_lr": ["<b>"], "new_lr": [1.0]}).count("&lt;b&gt;") == 1
         assert ui.lr_change({"old_lr": [], "new_lr": [0.1]}) == ui.lr_change(None) == ui.lr_change({}) == ""
+        # The pages' environment reads a dict's keys first, and its methods when no key has their name.
+        assert isinstance(app.jinja_env, ui.PageEnvironment)
+        assert app.jinja_env.from_string("{{ d.status }} {{ d.get('n') }} {{ d.x is defined }} {{ o.real }}").render(
+            d={"status": "applied", "n": 2}, o=3) == "applied 2 False 3"

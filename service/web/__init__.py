@@ -9,6 +9,7 @@ from . import api, auth, metrics, openapi, ui, webhook
 
 def register(app: Flask) -> None:
     """Attach every blueprint and the request checks to the app."""
+    app.jinja_environment = ui.PageEnvironment  # before the blueprints' filters create the environment
     for module in (webhook, api, metrics, ui, openapi):
         app.register_blueprint(module.bp)
     auth.install(app)

@@ -9,6 +9,7 @@ from urllib.parse import quote
 
 import redis
 from flask import Blueprint, current_app, render_template, request, url_for
+from flask.templating import Environment
 from markupsafe import Markup, escape
 
 from trainmedic.client.wire import keys
@@ -28,6 +29,17 @@ OUTCOME_ICONS = {"pending": "…", "effective": "✓", "ineffective": "✗", "un
 FILTERS = history.FILTERS
 TARGET_PAGE_RECORDS = 200
 HTML = {"Content-Type": "text/html; charset=utf-8"}
+
+
+class PageEnvironment(Environment):
+    """Flask's Jinja environment, reading a dict's keys before its attributes: the pages show records, which are
+    dicts, and Jinja's usual order raises and catches an AttributeError for every `rec.field` (a fifth of
+    rendering GET /). A key named like a dict method (get, items) would hide the method; none of ours is."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
 
 
 def _page(template: str, **context: Any) -> bytes:
