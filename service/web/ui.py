@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -154,11 +155,17 @@ def _ladder(r: Any, rec: dict) -> list[dict]:
 # url_for: a page of 50 records makes ~450 of them, and a macro call or url_for costs ~20-30 µs each (most of
 # GET / at a million records). They write exactly what the macros wrote.
 _SEGMENT_SAFE = "!$&'()*+,/:;=@"  # what url_for leaves unquoted in a path segment
+_PLAIN = re.compile(r"[A-Za-z0-9_.:@~-]*")  # record ids and target names: nothing to quote
+
+
+def _segment(value: Any) -> str:
+    s = str(value)
+    return s if _PLAIN.fullmatch(s) else quote(s, safe=_SEGMENT_SAFE)
 
 
 def _path(*segments: Any) -> str:
     """A path of this app (under the prefix it is mounted at), its segments quoted as url_for does."""
-    return request.script_root + "".join("/" + quote(str(s), safe=_SEGMENT_SAFE) for s in segments)
+    return request.script_root + "".join("/" + _segment(s) for s in segments)
 
 
 @bp.app_template_global()
