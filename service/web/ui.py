@@ -152,8 +152,8 @@ def _ladder(r: Any, rec: dict) -> list[dict]:
 
 
 # The links and badges a page repeats for every record and action, as Python rather than Jinja macros and
-# url_for: a page of 50 records makes ~450 of them, and a macro call or url_for costs ~20-30 µs each (most of
-# GET / at a million records). They write exactly what the macros wrote.
+# url_for: a page of 50 records makes ~450 of them, and a macro call or url_for costs several times a Python
+# call (a quarter of rendering GET /). They write exactly what the macros wrote.
 _SEGMENT_SAFE = "!$&'()*+,/:;=@"  # what url_for leaves unquoted in a path segment
 _PLAIN = re.compile(r"[A-Za-z0-9_.:@~-]*")  # record ids and target names: nothing to quote
 
