@@ -249,7 +249,6 @@ def test_paging_follows_the_history_cursor(site: tuple[Server, Any], page: Page)
     expect(page.locator("a", has_text="newest")).to_be_visible()
 
 
-
 def test_the_page_helpers_escape_every_value_and_link_where_url_for_does(app: Any) -> None:
     """badge, outcome_badge, target_link, lr_change and the record and target links are Python, not Jinja
     macros (a page of 50 records calls them hundreds of times): they escape what they are given, and link

@@ -50,7 +50,7 @@ def _page(template: str, **context: Any) -> bytes:
 
 
 def _common(now: float) -> dict:
-    return {"now": now, "icons": ICONS, "outcome_icons": OUTCOME_ICONS, "reset_at": _reset_at(),
+    return {"now": now, "icons": ICONS, "reset_at": _reset_at(),
             "refresh_seconds": int(current_app.config.get("UI_REFRESH_SECONDS", 10))}
 
 
