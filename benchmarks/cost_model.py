@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,23 @@ def fill(http: Any, records_n: int, targets: int) -> float:
     return time.perf_counter() - t0
 
 
+@contextmanager
+def in_process() -> Iterator[tuple[Any, redis.Redis]]:
+    """The app's test client and a client of its embedded Redis (AOF fsync always), logging at info."""
+    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-cost-"))
+    srv = EmbeddedRedis(tmp / "redis").start()
+    devnull = open(os.devnull, "w")
+    try:
+        app = create_app({"redis_url": srv.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
+                          "playbooks": str(ROOT / "playbooks")})
+        logs.setup("info", devnull)  # one JSON line per remediation, as under gunicorn at info
+        logging.getLogger("trainmedic.reconciler").setLevel(logging.WARNING)
+        yield app.test_client(), redis.Redis.from_url(srv.url, decode_responses=True)
+    finally:
+        srv.stop()
+        devnull.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--alerts", type=int, default=2000, help="alerts measured per row (default 2000)")
@@ -110,16 +129,7 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=10_000, help="jobs the fill spreads over")
     args = ap.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-cost-"))
-    srv = EmbeddedRedis(tmp / "redis").start()
-    devnull = open(os.devnull, "w")
-    try:
-        r = redis.Redis.from_url(srv.url, decode_responses=True)
-        app = create_app({"redis_url": srv.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
-                          "playbooks": str(ROOT / "playbooks")})
-        logs.setup("info", devnull)  # one JSON line per remediation, as under gunicorn at info
-        logging.getLogger("trainmedic.reconciler").setLevel(logging.WARNING)
-        http = app.test_client()
+    with in_process() as (http, r):
         rows: list[tuple[str, int, dict[str, float]]] = []
         fill_line = ""
         passes = [("empty Redis", 0)] + ([(f"{args.fill:,} records / {args.targets:,} jobs", args.fill)]
@@ -153,9 +163,6 @@ def main() -> None:
         total = r.zcard("trainmedic:history")
         print(f"at the end: {total:,} records, used_memory {mem['used_memory'] / 2**20:.1f} MiB "
               f"({mem['used_memory'] / max(total, 1):.0f} bytes per record overall), {r.dbsize():,} keys")
-    finally:
-        srv.stop()
-        devnull.close()
 
 
 if __name__ == "__main__":
