@@ -31,6 +31,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# The rest is imported where it is used: gunicorn imports this module for floor_app(), which needs only Flask.
 
 
 def floor_app() -> Any:
