@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,6 @@ class Floor:
 
 def bare_redis_us(group: int, alerts: int, signature: str, command: bytes) -> float:
     """Redis CPU per alert (AOF fsync always) for the barest durable write: HSET record, XADD mailbox, PUBLISH."""
-    import tempfile
-
     import redis
 
     from cost_model import body

@@ -89,7 +89,7 @@ def index() -> Any:
     kind, _, name = (q.target or "").partition(":")
     target_page = None
     if kind in keys.TARGET_KINDS and keys.TARGET_NAME_RE.match(name):
-        target_page = {"kind": kind, "name": name, "url": url_for("ui.target", kind=kind, name=name)}
+        target_page = {"kind": kind, "name": name, "url": target_url(kind, name)}
     empty = ("No remediation matches these filters." if filters else
              "No remediations yet. They appear here as soon as Alertmanager calls POST /webhook.")
     return _page(
@@ -197,11 +197,11 @@ def outcome_badge(o: Any, cls: str = "badge") -> Markup:
 @bp.app_template_global()
 def target_link(t: dict) -> Markup:
     """A target's name linking to its page (a bad label says so)."""
-    kind, name = escape(t.get("kind", "")), t.get("name")
+    kind, name = t.get("kind", ""), t.get("name")
     if name:
-        return Markup(f'<a href="{escape(target_url(t.get("kind", ""), name))}"><span class="kind">{kind}</span>'
+        return Markup(f'<a href="{escape(target_url(kind, name))}"><span class="kind">{escape(kind)}</span>'
                       f'{escape(name)}</a>')
-    return Markup(f'<span class="kind">{kind}</span><span class="muted">none (bad label)</span>')
+    return Markup(f'<span class="kind">{escape(kind)}</span><span class="muted">none (bad label)</span>')
 
 
 @bp.app_template_global()
