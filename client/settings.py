@@ -97,9 +97,13 @@ class Settings:
 
     redis_url: str | None = None
     playbooks: str | None = None
-    webhook_token: str | None = None
-    operator_token: str | None = None
-    signing_key: str | None = None
+    # Secrets stay out of repr(): a Settings that reaches a log or a traceback must not carry them.
+    webhook_token: str | None = dataclasses.field(default=None, repr=False)
+    operator_token: str | None = dataclasses.field(default=None, repr=False)
+    signing_key: str | None = dataclasses.field(default=None, repr=False)
+    # People's own operator tokens (`NAME TOKEN` lines); the service reads and checks the file at start.
+    operator_tokens_file: str | None = None
+    read_token: str | None = dataclasses.field(default=None, repr=False)
     verify_keys: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     public_url: str | None = None
@@ -132,6 +136,8 @@ class Settings:
             webhook_token=_secret(env, "TRAINMEDIC_WEBHOOK_TOKEN"),
             operator_token=_secret(env, "TRAINMEDIC_OPERATOR_TOKEN"),
             signing_key=_secret(env, "TRAINMEDIC_SIGNING_KEY"),
+            operator_tokens_file=env.get("TRAINMEDIC_OPERATOR_TOKENS_FILE") or None,
+            read_token=_secret(env, "TRAINMEDIC_READ_TOKEN"),
             verify_keys=_csv(_secret(env, "TRAINMEDIC_VERIFY_KEY")),
             allowed_hosts=tuple(h.lower() for h in _csv(env.get("TRAINMEDIC_ALLOWED_HOSTS"))),
             public_url=_url(env, "TRAINMEDIC_PUBLIC_URL"),
