@@ -293,12 +293,96 @@ def test_a_checkpoint_folder_is_pruned_around_its_protected_files(tmp_path: Path
         os.utime(folder, (time.time() - 20 * DAY, time.time() - 20 * DAY))
     plain = ckpt_dir(root / "r" / "checkpoint-200", 1000, age=19 * DAY)
     res = clean([root], params(keep_last=0, older_than="7d"))
-    assert sorted(res["deleted"]) == [str(hf), str(plain)]
+    assert res["deleted"] == [str(plain)] and res["deleted_count"] == 1  # only what is gone
+    assert res["pruned"] == [{"path": str(hf), "kept": ["nested/config.json", "trainer_state.json"]}]
+    assert res["pruned_count"] == 1
     assert res["bytes_freed"] == 1000 + 500 + 1000  # what went; the protected files counted nothing
     assert sorted(str(p.relative_to(hf)) for p in hf.rglob("*")) == ["nested", "nested/config.json",
                                                                      "trainer_state.json"]
     assert not plain.exists()
     assert sorted(res["protected"]) == [str(hf / "nested" / "config.json"), str(hf / "trainer_state.json")]
+
+
+def test_a_run_folder_that_keeps_a_protected_file_is_pruned_and_every_deleted_path_is_gone(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run1 = root / "run1"
+    put(run1 / "weights.bin", 4000, age=30 * DAY)
+    put(run1 / "logs" / "events.log", 300, age=30 * DAY)
+    put(run1 / "config.yaml", 70, age=30 * DAY)
+    put(root / "run2" / "weights.bin", 2000, age=30 * DAY)
+    for folder in (run1 / "logs", run1, root / "run2"):
+        os.utime(folder, (time.time() - 30 * DAY, time.time() - 30 * DAY))
+    res = clean([root], params(keep_last=0, older_than="7d", patterns=["run*"]))
+    assert res["deleted"] == [str(root / "run2")]
+    assert res["pruned"] == [{"path": str(run1), "kept": ["config.yaml"]}]
+    assert all(not Path(p).exists() for p in res["deleted"])
+    assert sorted(p.name for p in run1.iterdir()) == ["config.yaml"]  # logs/ went with everything in it
+    assert res["bytes_freed"] == 4000 + 300 + 2000
+
+
+def test_a_dry_run_lists_a_folder_it_would_prune_with_what_would_stay(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    hf = ckpt_dir(root / "r" / "checkpoint-100", 1000, age=20 * DAY, protected="trainer_state.json")
+    plain = ckpt_dir(root / "r" / "checkpoint-200", 1000, age=19 * DAY)
+    res = clean([root], params(keep_last=0, older_than="7d"), dry_run=True)
+    assert res["would_delete"] == [str(plain)] and res["would_delete_count"] == 1
+    assert res["would_prune"] == [{"path": str(hf), "kept": ["trainer_state.json"]}]
+    assert res["would_prune_count"] == 1 and res["pruned"] == [] and res["deleted"] == []
+    assert res["bytes_would_free"] == 2000
+    assert (hf / "model.safetensors").exists() and plain.exists()
+
+
+# -- bytes freed: only data whose last link went
+
+
+def test_a_hard_link_whose_data_lives_outside_the_root_frees_nothing(tmp_path: Path) -> None:
+    root, outside = tmp_path / "runs", tmp_path / "precious"
+    original = put(outside / "model.pt", 5000, age=90 * DAY)
+    linked = root / "r" / "ckpt-1.pt"
+    linked.parent.mkdir(parents=True)
+    os.link(original, linked)
+    plain = put(root / "r" / "ckpt-2.pt", 300, age=90 * DAY)
+    folder = ckpt_dir(root / "r" / "checkpoint-3", 1000, age=90 * DAY)
+    os.link(original, folder / "shared.pt")  # a hard link inside a doomed folder
+    os.utime(folder, (time.time() - 90 * DAY, time.time() - 90 * DAY))
+
+    res = clean([root], params(keep_last=0, older_than="1d"))
+
+    assert sorted(res["deleted"]) == sorted(map(str, (linked, plain, folder)))
+    assert not linked.exists() and not folder.exists() and not plain.exists()
+    assert res["bytes_freed"] == 300 + 1000  # the 5000 bytes still live in precious/model.pt
+    assert original.read_bytes() == b"x" * 5000 and original.stat().st_nlink == 1
+
+
+def test_hard_links_that_all_go_free_their_data_once(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    first = ckpt_dir(root / "r" / "checkpoint-1", 1000, age=30 * DAY)
+    second = root / "r" / "checkpoint-2"
+    second.mkdir()
+    for name in ("model.safetensors", "optimizer.pt"):  # a checkpoint that shares its files with the one before
+        os.link(first / name, second / name)
+    os.link(first / "model.safetensors", first / "model-copy.safetensors")
+    for folder in (first, second):
+        os.utime(folder, (time.time() - 29 * DAY, time.time() - 29 * DAY))
+
+    dry = clean([root], params(keep_last=0, older_than="1d"), dry_run=True)
+    assert dry["bytes_would_free"] == 1000
+    res = clean([root], params(keep_last=0, older_than="1d"))
+    assert sorted(res["deleted"]) == [str(first), str(second)] and not (root / "r" / "checkpoint-1").exists()
+    assert res["bytes_freed"] == 1000
+
+
+def test_the_byte_cap_counts_what_would_really_be_freed(tmp_path: Path) -> None:
+    root, outside = tmp_path / "runs", tmp_path / "precious"
+    original = put(outside / "model.pt", 5000, age=90 * DAY)
+    linked = root / "r" / "ckpt-0.pt"
+    linked.parent.mkdir(parents=True)
+    os.link(original, linked)  # the oldest: frees nothing, so it costs nothing of the cap
+    own = [put(root / "r" / f"ckpt-{i}.pt", 1000, age=(30 - i) * DAY) for i in (1, 2, 3)]
+    res = clean([root], params(keep_last=0, older_than="1d", max_bytes=2500))
+    assert res["deleted"] == [str(linked), str(own[0]), str(own[1])]
+    assert res["bytes_freed"] == 2000 and res["over_cap"] == 1
+    assert original.exists() and own[2].exists()
 
 
 def test_protect_extends_the_defaults(tmp_path: Path) -> None:

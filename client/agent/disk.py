@@ -4,6 +4,10 @@ The allow-roots are checked and opened once, when the agent starts (pinned by ha
 or that sits below a folder other users may write, is refused, and later swaps of any path above a root
 change nothing. Below a root, nothing is followed through a link, and no path with a component matching a
 `protect` pattern (best*, *final*, *.json, ... and the playbook's own) is ever deleted.
+
+The result says what happened on disk: `deleted` lists only paths that are gone, `pruned` the checkpoint
+folders that stay because they hold protected entries (with what stayed), and `bytes_freed` counts only the data
+whose last link went: a file whose data keeps another hard link (in or outside the roots) frees nothing.
 """
 from __future__ import annotations
 
@@ -39,6 +43,16 @@ class AllowRoot:
 
 
 @dataclass(frozen=True)
+class FileLink:
+    """One link to a regular file that a deletion would remove, as the scan found it."""
+
+    dev: int
+    ino: int
+    nlink: int
+    size: int
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One entry matching a pattern: a checkpoint file or folder, by its place below a root."""
 
@@ -46,10 +60,11 @@ class Candidate:
     root_fd: int
     parts: tuple[str, ...]
     is_dir: bool
-    size: int
+    files: tuple[FileLink, ...]  # the regular files its deletion would unlink
     mtime: float  # newest modification of anything in it
     dev: int
     ino: int
+    keeps: tuple[str, ...] = ()  # protected entries inside a folder, relative to it: they stay
 
     @property
     def path(self) -> str:
@@ -67,6 +82,7 @@ class Report:
     roots: list[str]
     dry_run: bool
     deleted: list[str] = field(default_factory=list)
+    pruned: list[dict[str, Any]] = field(default_factory=list)
     bytes_freed: int = 0
     kept: int = 0
     left_alone: list[dict[str, Any]] = field(default_factory=list)
@@ -74,16 +90,19 @@ class Report:
     over_cap: int = 0
     errors: list[str] = field(default_factory=list)
     protected: list[str] = field(default_factory=list)
+    removed: int = 0  # entries unlinked, so a failure can tell whether anything changed at all
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"roots": self.roots, "dry_run": self.dry_run, "kept": self.kept,
                      "left_alone": self.left_alone[:LIST_CAP], "links_ignored": self.links_ignored[:LIST_CAP],
                      "protected": self.protected[:LIST_CAP]}
         if self.dry_run:
-            out.update(deleted=[], bytes_freed=0, would_delete=self.deleted[:LIST_CAP],
-                       would_delete_count=len(self.deleted), bytes_would_free=self.bytes_freed)
+            out.update(deleted=[], pruned=[], bytes_freed=0, would_delete=self.deleted[:LIST_CAP],
+                       would_delete_count=len(self.deleted), would_prune=self.pruned[:LIST_CAP],
+                       would_prune_count=len(self.pruned), bytes_would_free=self.bytes_freed)
         else:
-            out.update(deleted=self.deleted[:LIST_CAP], deleted_count=len(self.deleted), bytes_freed=self.bytes_freed)
+            out.update(deleted=self.deleted[:LIST_CAP], deleted_count=len(self.deleted),
+                       pruned=self.pruned[:LIST_CAP], pruned_count=len(self.pruned), bytes_freed=self.bytes_freed)
         if self.over_cap:
             out["over_cap"] = self.over_cap
         if self.errors:
@@ -150,12 +169,17 @@ def _natural(name: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def _measure(dir_fd: int, name: str, top: os.stat_result, protect: Sequence[str]) -> tuple[int, float]:
-    """Bytes of the regular files a prune of this folder would delete, and its newest mtime (links never
-    followed; protected entries and everything below them neither counted nor deleted)."""
-    size, newest = 0, top.st_mtime
-    for _, dirs, files, fd in os.fwalk(name, dir_fd=dir_fd, follow_symlinks=False):
+def _measure(dir_fd: int, name: str, top: os.stat_result,
+             protect: Sequence[str]) -> tuple[tuple[FileLink, ...], float, tuple[str, ...]]:
+    """The regular files a prune of this folder would unlink, its newest mtime, and the protected entries that
+    would stay (relative to it). Links are never followed; nothing below a protected entry is counted."""
+    links: list[FileLink] = []
+    keeps: list[str] = []
+    newest = top.st_mtime
+    for dirpath, dirs, files, fd in os.fwalk(name, dir_fd=dir_fd, follow_symlinks=False):
+        rel = os.path.relpath(dirpath, name)
         newest = max(newest, os.fstat(fd).st_mtime)
+        keeps += [os.path.normpath(os.path.join(rel, d)) for d in dirs if _matches(d, protect)]
         dirs[:] = [d for d in dirs if not _matches(d, protect)]
         for f in files + dirs:
             try:
@@ -163,30 +187,44 @@ def _measure(dir_fd: int, name: str, top: os.stat_result, protect: Sequence[str]
             except FileNotFoundError:
                 continue
             newest = max(newest, st.st_mtime)
-            if stat.S_ISREG(st.st_mode) and not _matches(f, protect):
-                size += st.st_size
-    return size, newest
+            if f in dirs:
+                continue
+            if _matches(f, protect):
+                keeps.append(os.path.normpath(os.path.join(rel, f)))
+            elif stat.S_ISREG(st.st_mode):
+                links.append(FileLink(st.st_dev, st.st_ino, st.st_nlink, st.st_size))
+    return tuple(links), newest, tuple(sorted(keeps))
 
 
-def _prune(dir_fd: int, name: str, protect: Sequence[str], where: str) -> list[str]:
+def _unlink(dir_fd: int, name: str, st: os.stat_result, report: Report) -> None:
+    """Remove one non-folder entry; its bytes count as freed only when this was its data's last link."""
+    os.unlink(name, dir_fd=dir_fd)
+    report.removed += 1
+    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        report.bytes_freed += st.st_size
+
+
+def _prune(dir_fd: int, name: str, protect: Sequence[str], rel: str, report: Report) -> list[str]:
     """Delete a folder's contents except protected entries; remove the folder when nothing is left.
-    Returns the protected paths kept (below `where`). Links inside are removed as links, never followed."""
+    Returns the protected entries kept (as paths from `rel`). Links inside are removed as links, never followed."""
     kept: list[str] = []
     fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     try:
-        for entry in os.listdir(fd):
+        for entry in sorted(os.listdir(fd)):
             if _matches(entry, protect):
-                kept.append(os.path.join(where, entry))
+                kept.append(os.path.join(rel, entry))
                 continue
+            # Examined just before it goes: a hard link removed a moment ago leaves this one the last.
             st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                kept += _prune(fd, entry, protect, os.path.join(where, entry))
+                kept += _prune(fd, entry, protect, os.path.join(rel, entry), report)
             else:
-                os.unlink(entry, dir_fd=fd)
+                _unlink(fd, entry, st, report)
     finally:
         os.close(fd)
     if not kept:
         os.rmdir(name, dir_fd=dir_fd)
+        report.removed += 1
     return kept
 
 
@@ -220,10 +258,12 @@ def _scan(root: AllowRoot, patterns: Sequence[str], protect: Sequence[str], repo
                 # Never followed and never deleted: its target may lie outside the root.
                 report.links_ignored.append(os.path.join(root.path, *base, name))
             elif stat.S_ISDIR(st.st_mode):
-                size, mtime = _measure(dir_fd, name, st, protect)
-                out.append(Candidate(root.path, root.fd, base + (name,), True, size, mtime, st.st_dev, st.st_ino))
+                links, mtime, keeps = _measure(dir_fd, name, st, protect)
+                out.append(Candidate(root.path, root.fd, base + (name,), True, links, mtime, st.st_dev, st.st_ino,
+                                     keeps))
             elif stat.S_ISREG(st.st_mode):
-                out.append(Candidate(root.path, root.fd, base + (name,), False, st.st_size, st.st_mtime, st.st_dev,
+                link = FileLink(st.st_dev, st.st_ino, st.st_nlink, st.st_size)
+                out.append(Candidate(root.path, root.fd, base + (name,), False, (link,), st.st_mtime, st.st_dev,
                                      st.st_ino))
     return out
 
@@ -263,26 +303,40 @@ def _open_parent(c: Candidate) -> int:
     return fd
 
 
-def _delete(c: Candidate, now: float, protect: Sequence[str], kept: list[str]) -> str | None:
-    """Delete one candidate (keeping what is protected inside a folder, listed in `kept`); None when done,
-    else why it was left alone."""
+class _LeftAlone(Exception):
+    """A candidate that is no longer safe to delete; the message says why."""
+
+
+def _delete(c: Candidate, now: float, protect: Sequence[str], report: Report) -> list[str]:
+    """Delete one candidate, except what is protected inside a folder: the entries kept (relative to it; none
+    when it is gone). Raises _LeftAlone when it changed since the scan."""
     fd = _open_parent(c)
     try:
         name = c.parts[-1]
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if (st.st_dev, st.st_ino) != (c.dev, c.ino) or stat.S_ISLNK(st.st_mode):
-            return "replaced since it was examined"
+            raise _LeftAlone("replaced since it was examined")
         if now - st.st_mtime < RECENT_SECONDS or time.time() - st.st_mtime < RECENT_SECONDS:
-            return "modified in the last minute"
+            raise _LeftAlone("modified in the last minute")
         if c.is_dir:
             # A checkpoint folder goes, except what is protected inside it (a Hugging Face checkpoint's
             # config.json and trainer_state.json stay; its weights and optimizer state are freed).
-            kept += _prune(fd, name, protect, c.path)
-        else:
-            os.unlink(name, dir_fd=fd)
-        return None
+            return _prune(fd, name, protect, "", report)
+        _unlink(fd, name, st, report)
+        return []
     finally:
         os.close(fd)
+
+
+def _would_free(c: Candidate, links_left: dict[tuple[int, int], int]) -> int:
+    """Bytes deleting this candidate would free after the ones before it: a file's size once its last link goes."""
+    freed = 0
+    for f in c.files:
+        left = links_left.get((f.dev, f.ino), f.nlink) - 1
+        links_left[(f.dev, f.ino)] = left
+        if left <= 0:
+            freed += f.size
+    return freed
 
 
 def cleanup(roots: Sequence[AllowRoot], params: DiskCleanup, dry_run: bool = False,
@@ -298,23 +352,36 @@ def cleanup(roots: Sequence[AllowRoot], params: DiskCleanup, dry_run: bool = Fal
         except OSError as exc:
             raise ActionFailed(f"Could not read the allow-root {root.path}: {exc.strerror or exc}.") from None
     doomed = _select(cands, params, now, report)
+    # Links each file has left as the candidates before it go: hard links shared between candidates free
+    # their data with the last one (a link from outside the roots never goes, so that data is never counted).
+    links_left: dict[tuple[int, int], int] = {}
     for i, c in enumerate(doomed):
-        if params.max_bytes is not None and report.bytes_freed + c.size > params.max_bytes:
+        expected = _would_free(c, links_left)
+        if params.max_bytes is not None and report.bytes_freed + expected > params.max_bytes:
             # Oldest first until the cap: everything newer than the first that does not fit stays.
             report.over_cap = len(doomed) - i
             break
-        if not dry_run:
+        if dry_run:
+            kept = list(c.keeps)
+            report.bytes_freed += expected
+        else:
+            before = report.bytes_freed
             try:
-                why = _delete(c, now, params.protected, report.protected)
+                kept = _delete(c, now, params.protected, report)
+            except _LeftAlone as why:
+                report.left_alone.append({"path": c.path, "reason": str(why)})
+                continue
             except OSError as exc:
                 report.errors.append(f"{c.path}: {exc.strerror or exc}")
                 continue
-            if why:
-                report.left_alone.append({"path": c.path, "reason": why})
-                continue
-            log.info("disk_cleanup deleted %s (%s bytes)", c.path, c.size)
-        report.deleted.append(c.path)
-        report.bytes_freed += c.size
-    if report.errors and not report.deleted:
+            log.info("disk_cleanup %s %s (%s bytes freed)", "pruned" if kept else "deleted", c.path,
+                     report.bytes_freed - before)
+        if kept:
+            kept.sort()
+            report.pruned.append({"path": c.path, "kept": kept[:LIST_CAP]})
+            report.protected += [os.path.join(c.path, k) for k in kept]
+        else:
+            report.deleted.append(c.path)
+    if report.errors and not report.removed:
         raise ActionFailed(f"Nothing could be deleted: {report.errors[0]}.", **report.as_dict())
     return report.as_dict()
