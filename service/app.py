@@ -20,6 +20,7 @@ from .decide.alertmanager import Alertmanager
 from .decide.dispatch import DispatchSettings, Dispatcher
 from .decide.reconciler import Reconciler, ReconcilerSettings
 from .errors import TrainmedicError
+from .people import People
 from .prometheus import Prometheus
 from .rules.playbooks import SHIPPED, Playbook, load, missing_alertmanager
 from .web.metrics import WEBHOOK_SECONDS, Metrics
@@ -77,6 +78,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     if not settings.signing_key:
         raise ValueError("no signing key: set TRAINMEDIC_SIGNING_KEY or TRAINMEDIC_SIGNING_KEY_FILE (trainmedic serve "
                          "makes one in its data dir)")
+    people = People.from_settings(settings)  # a bad tokens file stops the start here, naming its line
     playbooks = load([settings.playbooks or str(SHIPPED)])
     r = connect(settings.redis_url, timeout=float(app.config.get("REDIS_TIMEOUT", 2.0)))
     am = (Alertmanager(settings.alertmanager_urls, trust_after=settings.alertmanager_trust_after)
@@ -99,6 +101,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
     app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, metrics, prometheus)
+    app.extensions["trainmedic.people"] = people
 
     from .web import register
 

@@ -611,7 +611,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
             "alert": {"$ref": "#/components/schemas/RecordAlert"},
             "target": {"$ref": "#/components/schemas/Target"},
             "actions": {"type": "array", "items": {"$ref": "#/components/schemas/RecordAction"}},
-            "requested_by": _nullable({"type": "string", "enum": list(REQUESTERS)}),
+            # A person acting with their own operator token is recorded as operator:NAME.
+            "requested_by": _nullable({"type": "string",
+                                       "pattern": f"^({'|'.join(REQUESTERS)}|operator:[A-Za-z0-9_.@-]{{1,64}})$"}),
             "approved_by": _nullable(_STR),
             "approved_at": _nullable(_TIME),
             "rejected_by": _nullable(_STR),

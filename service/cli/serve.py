@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, load, missing_alertmanager
 
     _check_args(args, settings)
+    named = _people(settings)
     playbooks = args.playbooks or settings.playbooks or str(SHIPPED)
     try:
         problem = missing_alertmanager(load([playbooks]), settings.alertmanager_urls)
@@ -144,8 +146,27 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.no_agent:
         procs.append(_agent(args, node, env, verify_key, data))
     _announce(args, settings, url, embedded is not None, data, verify_key, node,
-              token_made="TRAINMEDIC_OPERATOR_TOKEN_FILE" in secret_env)
+              token_made="TRAINMEDIC_OPERATOR_TOKEN_FILE" in secret_env, named=named)
     return supervise(procs, embedded, stop)
+
+
+def _people(settings: Settings) -> int:
+    """Check the tokens files before anything starts (a bad line is one sentence naming it); how many people."""
+    from trainmedic.service.people import People
+
+    return len(People.from_settings(settings).names)
+
+
+def add_person_lines(settings: Settings, data: Path, named: int) -> str:
+    """The banner's two lines on adding a person: their own operator token, recorded as operator:NAME."""
+    from trainmedic.service.people import MAKE_TOKEN
+
+    path = settings.operator_tokens_file
+    where = (f"{named} named in TRAINMEDIC_OPERATOR_TOKENS_FILE" if path else
+             f"set TRAINMEDIC_OPERATOR_TOKENS_FILE={shlex.quote(str((data / 'operators.tokens').resolve()))}")
+    target = shlex.quote(str(Path(path).resolve()) if path else str((data / "operators.tokens").resolve()))
+    return (f"# A person with their own token (recorded as operator:NAME; {where}); restart after:\n"
+            f"(umask 077; echo \"alice $({MAKE_TOKEN})\" >> {target})")
 
 
 def _ping(url: str) -> None:
@@ -189,7 +210,7 @@ def _agent(args: argparse.Namespace, node: str, env: dict[str, str], verify_key:
 
 
 def _announce(args: argparse.Namespace, settings: Settings, url: str, embedded: bool, data: Path, verify_key: str,
-              node: str, token_made: bool = True) -> None:
+              node: str, token_made: bool = True, named: int = 0) -> None:
     shown = args.host if args.host not in ("0.0.0.0", "::") else socket.getfqdn()
     where = f", embedded, data in {data / 'redis'}" if embedded else ""
     agent = f", local agent for node {node}" if not args.no_agent else ""
@@ -201,10 +222,13 @@ def _announce(args: argparse.Namespace, settings: Settings, url: str, embedded: 
                   "(config/redis/users.acl), not this one")
     token_line = (f"export TRAINMEDIC_OPERATOR_TOKEN='{settings.operator_token}'" if token_made else
                   "# (the TRAINMEDIC_OPERATOR_TOKEN this service was given)")
+    reads = ("# Reads need TRAINMEDIC_READ_TOKEN or an operator token (the pages ask once, at /login)"
+             if settings.read_token else
+             "# Reads (history, pages) are open to whoever reaches this port; TRAINMEDIC_READ_TOKEN closes them")
     print("\n# Trainers and node agents: set these (the URL stays the same across restarts)\n"
           f"{redis_line}\nexport TRAINMEDIC_VERIFY_KEY='{verify_key}'\n"
           "# People's writes (trainmedic send, approve, reject) need the operator token:\n"
-          f"{token_line}\n", flush=True)
+          f"{token_line}\n{add_person_lines(settings, data, named)}\n{reads}\n", flush=True)
     print(RECEIVER_SNIPPET.format(host=shown, port=args.port, auth=AUTH_SNIPPET if settings.webhook_token else ""),
           flush=True)
 

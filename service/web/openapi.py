@@ -201,6 +201,16 @@ BODY_ERRORS = {
     "415": _error("The body is not sent as application/json."),
 }
 HTML = {"text/html": {"schema": {"type": "string"}}}
+# Reads are open unless TRAINMEDIC_READ_TOKEN is set; then every GET but these (and static files) needs a token.
+OPEN_READS = ("/healthz", "/readyz", "/metrics")
+READ: list[dict[str, list[str]]] = [{}, {"read": []}, {"operator": []}]
+READ_ERRORS = {
+    "401": _error("TRAINMEDIC_READ_TOKEN is set, and the bearer token is missing or is not the read token or an "
+                  "operator token."),
+    "403": _error("The webhook token, which does not read."),
+}
+TO_LOGIN = {"description": "TRAINMEDIC_READ_TOKEN is set and the request has no token and no login: to the login "
+                           "form (/login).", "headers": {"Location": {"schema": {"type": "string"}}}}
 # gunicorn refuses a request line over 4094 bytes before the app sees it (long query or path values).
 TOO_LONG = {"414": {"description": "The URL is longer than the server accepts (gunicorn: 4094 bytes).",
                     "content": HTML}}
@@ -347,6 +357,20 @@ def _paths() -> dict:
     }
 
 
+def _with_reads(paths: dict) -> dict:
+    """Every GET but the probes and the scrape: a read token when one is set (pages go to /login without one)."""
+    for path, ops in paths.items():
+        op = ops.get("get")
+        if op is None or path in OPEN_READS:
+            continue
+        op["security"] = READ
+        for code, answer in READ_ERRORS.items():
+            op["responses"].setdefault(code, answer)
+        if "pages" in op.get("tags", ()):
+            op["responses"].setdefault("303", TO_LOGIN)
+    return paths
+
+
 @functools.lru_cache(maxsize=8)
 def document(playbooks: tuple[str, ...] = ()) -> dict:
     """The OpenAPI document; a manual trigger's playbook is one of those loaded (when known)."""
@@ -362,15 +386,23 @@ def document(playbooks: tuple[str, ...] = ()) -> dict:
             "description": "Auto-remediation for ML training clusters: Alertmanager webhook in, playbook actions "
                            "out to training jobs and GPU nodes, every decision recorded.",
         },
-        "paths": _paths(),
+        "paths": _with_reads(_paths()),
         "components": {
             "schemas": schemas,
             "securitySchemes": {
                 "webhook": {"type": "http", "scheme": "bearer",
                             "description": "TRAINMEDIC_WEBHOOK_TOKEN: POST /webhook only (loopback without one)."},
                 "operator": {"type": "http", "scheme": "bearer",
-                             "description": "TRAINMEDIC_OPERATOR_TOKEN: people's writes (approve, reject, manual "
-                                            "triggers, POST /commands)."},
+                             "description": "TRAINMEDIC_OPERATOR_TOKEN (recorded as `operator`) or a person's own "
+                                            "token from TRAINMEDIC_OPERATOR_TOKENS_FILE (recorded as "
+                                            "`operator:NAME`): people's writes (approve, reject, manual triggers, "
+                                            "POST /commands); it reads too."},
+                "read": {"type": "http", "scheme": "bearer",
+                         "description": "TRAINMEDIC_READ_TOKEN: when it is set, every GET but /healthz, /readyz, "
+                                        "/metrics and static files needs it or an operator token; unset, reads are "
+                                        "open. The pages log in once with a form at /login into a signed session "
+                                        "cookie (HttpOnly, SameSite=Strict, Secure behind HTTPS) that names the "
+                                        "person and never holds the token."},
             },
         },
         "tags": [{"name": n} for n in ("webhook", "history", "remediations", "targets", "probes", "pages")],

@@ -32,33 +32,34 @@
   window.addEventListener("hashchange", openLinked);
   openLinked();
 
-  // Approve and reject held records. The page has no login: the operator token is pasted once and kept in
-  // sessionStorage (this tab only), then sent as a bearer header on a same-origin JSON POST.
-  var TOKEN_KEY = "trainmedic-operator-token";
-  function token() {
-    var t = sessionStorage.getItem(TOKEN_KEY);
-    if (!t) {
-      t = window.prompt("Paste the operator token (TRAINMEDIC_OPERATOR_TOKEN). It is kept in this tab only.");
-      if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
-    }
-    return t ? t.trim() : null;
-  }
+  // Approve and reject held records as the person logged in: the session cookie names them (it never holds the
+  // token), and the session's CSRF value, which only this site's pages can read, goes in a header.
   document.addEventListener("click", function (ev) {
     var btn = ev.target.closest && ev.target.closest(".decide button");
     if (!btn) return;
     var box = btn.closest(".decide"), msg = box.querySelector(".decide-msg");
     var verb = btn.classList.contains("approve") ? "approve" : "reject";
-    var t = token();
-    if (!t) { msg.textContent = "No operator token: nothing was sent."; msg.className = "decide-msg bad"; return; }
+    var who = document.querySelector("form.who[data-csrf]");
+    if (!who) {
+      var login = document.querySelector("a.who");
+      msg.className = "decide-msg bad";
+      msg.textContent = login ? "Not done: log in with your operator token first (" :
+        "Not done: this service has no operator token, so approving from the pages is off.";
+      if (login) {
+        var link = document.createElement("a");
+        link.href = login.href; link.textContent = "log in";
+        msg.appendChild(link); msg.appendChild(document.createTextNode(")."));
+      }
+      return;
+    }
     var comment = box.querySelector(".comment").value;
     box.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
     msg.textContent = verb === "approve" ? "Approving…" : "Rejecting…"; msg.className = "decide-msg";
     fetch(box.dataset[verb], {method: "POST", credentials: "same-origin", cache: "no-store",
-      headers: {"Content-Type": "application/json", "Authorization": "Bearer " + t},
+      headers: {"Content-Type": "application/json", "X-CSRF-Token": who.dataset.csrf},
       body: JSON.stringify(comment ? {comment: comment} : {})})
       .then(function (resp) {
         return resp.json().catch(function () { return {}; }).then(function (body) {
-          if (resp.status === 401 || resp.status === 403) sessionStorage.removeItem(TOKEN_KEY);
           if (!resp.ok) throw new Error(body.error || ("HTTP " + resp.status));
           msg.textContent = (verb === "approve" ? "Approved: " : "Rejected: ") + "the record is now " +
             String(body.status).replace(/_/g, " ") + ".";
