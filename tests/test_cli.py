@@ -106,20 +106,76 @@ def test_send_explains_a_timeout_in_one_line(gunicorn: Any) -> None:
     assert msg.startswith("trainmedic: scale_lr was not applied within 1s: no live target")
 
 
-def test_approve_and_reject_decide_held_records_with_a_comment(gunicorn: Any, tmp_path: Path) -> None:
+def test_approve_and_reject_show_what_is_decided_and_then_the_status_and_reason(gunicorn: Any,
+                                                                                tmp_path: Path) -> None:
     path = write_playbooks(tmp_path / "held.yaml", "playbooks:\n  - name: held\n    matchers: ['alertname=\"Held\"']\n"
                            "    target: job\n    approval: true\n    actions: [{scale_lr: {factor: 0.5}}]\n")
     server = gunicorn(workers=1, TRAINMEDIC_PLAYBOOKS=str(path))
     ids = [requests.post(f"{server.url}/remediations", json={"playbook": "held", "labels": {"job_name": f"j{i}"}},
                          headers=OP_AUTH, timeout=5).json()["id"] for i in range(2)]
-    out = run("approve", ids[0], "--url", server.url, "--comment", "looks right", env=OP)
-    assert out.returncode == 0 and out.stdout.strip() == f"remediation {ids[0]}: dispatched", out.stderr
-    out = run("reject", ids[1], "--url", server.url, env=OP)
-    assert out.returncode == 0 and out.stdout.strip() == f"remediation {ids[1]}: skipped (rejected)", out.stderr
+    alertname = requests.get(f"{server.url}/remediations/{ids[0]}", timeout=5).json()["alert"]["alertname"]
+    out = run("approve", ids[0], "--url", server.url, "--comment", "looks right", "--yes", env=OP)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"remediation {ids[0]}", f"  playbook held on job:j0, alert {alertname}, status pending_approval",
+        '  1. scale_lr {"factor": 0.5}', f"remediation {ids[0]}: dispatched", "  1. scale_lr: pending"], out.stdout
+    out = run("reject", ids[1], "--url", server.url, "--yes", env=OP)
+    assert out.returncode == 0 and out.stdout.splitlines()[-2:] == [
+        f"remediation {ids[1]}: skipped (rejected)", "  1. scale_lr: skipped (rejected): A person rejected it."], \
+        out.stdout
     approved = requests.get(f"{server.url}/remediations/{ids[0]}", timeout=5).json()
     assert (approved["approved_by"], approved["approval_comment"]) == ("operator", "looks right")
     assert "is dispatched, not pending approval" in one_line_error(run("reject", ids[0], "--url", server.url,
-                                                                       env=OP), 2)
+                                                                       "--yes", env=OP), 2)
+
+
+def test_approve_without_a_terminal_and_without_yes_refuses_in_one_line_and_changes_nothing(gunicorn: Any,
+                                                                                            tmp_path: Path) -> None:
+    path = write_playbooks(tmp_path / "held.yaml", "playbooks:\n  - name: held\n    matchers: ['alertname=\"Held\"']\n"
+                           "    target: job\n    approval: true\n    actions: [{scale_lr: {factor: 0.5}}]\n")
+    server = gunicorn(workers=1, TRAINMEDIC_PLAYBOOKS=str(path))
+    rid = requests.post(f"{server.url}/remediations", json={"playbook": "held", "labels": {"job_name": "j"}},
+                        headers=OP_AUTH, timeout=5).json()["id"]
+    for verb in ("approve", "reject"):
+        msg = one_line_error(run(verb, rid, "--url", server.url, env=OP), 2)
+        assert msg == f"trainmedic: {verb} asks for confirmation on a terminal: pass --yes to {verb} without it"
+    assert requests.get(f"{server.url}/remediations/{rid}", timeout=5).json()["status"] == "pending_approval"
+
+
+def test_approve_on_a_terminal_asks_and_a_no_changes_nothing(gunicorn: Any, tmp_path: Path) -> None:
+    import pty
+
+    path = write_playbooks(tmp_path / "held.yaml", "playbooks:\n  - name: held\n    matchers: ['alertname=\"Held\"']\n"
+                           "    target: job\n    approval: true\n    actions: [{scale_lr: {factor: 0.5}}]\n")
+    server = gunicorn(workers=1, TRAINMEDIC_PLAYBOOKS=str(path))
+    rid = requests.post(f"{server.url}/remediations", json={"playbook": "held", "labels": {"job_name": "j"}},
+                        headers=OP_AUTH, timeout=5).json()["id"]
+
+    def on_terminal(answer: str) -> str:
+        main, sub = pty.openpty()
+        proc = subprocess.Popen([*CLI, "approve", rid, "--url", server.url], stdin=sub, stdout=sub, stderr=sub,
+                                cwd=ROOT, env={**CLEAN_ENV, **OP})
+        os.close(sub)
+        seen = b""
+        while b"[y/N]" not in seen:
+            seen += os.read(main, 4096)
+        os.write(main, answer.encode() + b"\n")
+        proc.wait(timeout=30)
+        try:
+            while chunk := os.read(main, 4096):
+                seen += chunk
+        except OSError:  # the terminal closed with the process
+            pass
+        os.close(main)
+        return seen.decode()
+
+    said = on_terminal("n")
+    assert '1. scale_lr {"factor": 0.5}' in said and "approve this action? [y/N]" in said
+    assert "not approved: nothing changed" in said
+    assert requests.get(f"{server.url}/remediations/{rid}", timeout=5).json()["status"] == "pending_approval"
+    said = on_terminal("y")
+    assert f"remediation {rid}: dispatched" in said
+    assert requests.get(f"{server.url}/remediations/{rid}", timeout=5).json()["status"] == "dispatched"
 
 
 def test_serve_refuses_a_public_address_without_a_token() -> None:

@@ -1,6 +1,8 @@
-"""config/redis/users.acl on a real redis-server: the real flow works with each side's own user (the service
-through gunicorn, a training client applying scale_lr, a node agent applying disk_cleanup), Redis denies none of
-it, and a trainer cannot touch a node's keys, nor an agent a job's."""
+"""config/redis/users.acl and `trainmedic credentials` on a real redis-server: the real flow works with each
+side's own user (the service through gunicorn, a training client applying scale_lr, a node agent applying
+disk_cleanup), Redis denies none of it, a trainer cannot touch a node's keys nor an agent a job's, one node's
+user cannot touch another node's keys (nor one job's another job's), and a held record that a node's own user
+rewrote is never signed when a person approves it."""
 from __future__ import annotations
 
 import copy
@@ -29,8 +31,8 @@ from tests.support.nvml import AgentProcess
 ACL = ROOT / "config" / "redis" / "users.acl"
 RENDER = ROOT / "config" / "redis" / "render-acl.sh"
 PASSWORDS = {"SERVICE": "svc-" + "1" * 60, "AGENT": "agt-" + "2" * 60, "TRAINER": "trn-" + "3" * 60}
-USERS = {"SERVICE": "trainmedic", "AGENT": "trainmedic-agent", "TRAINER": "trainmedic-trainer"}
 JOB, NODE = "acl-job", "acl-node"
+USERS = {"SERVICE": "trainmedic", "AGENT": f"trainmedic-node-{NODE}", "TRAINER": f"trainmedic-job-{JOB}"}
 DAY = 86400.0
 
 
@@ -40,6 +42,7 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedi
     tmp = tmp_path_factory.mktemp("acl")
     rendered = tmp / "users.acl"
     env = {**os.environ, "TRAINMEDIC_ACL_TEMPLATE": str(ACL), "TRAINMEDIC_ACL_OUT": str(rendered),
+           "TRAINMEDIC_NODE": NODE, "TRAINMEDIC_JOB": JOB,
            **{f"TRAINMEDIC_REDIS_{who}_PASSWORD": pw for who, pw in PASSWORDS.items()}}
     subprocess.run(["sh", str(RENDER), "true"], env=env, check=True, timeout=30)
     assert oct(rendered.stat().st_mode & 0o777) == "0o600"
@@ -85,7 +88,7 @@ def webhook(g: Gunicorn, status: str = "firing", **labels: str) -> dict:
 
 def test_redis_loads_the_acl_file_and_no_user_may_run_admin_or_keyspace_wide_commands(acl_redis, inspector) -> None:
     users = set(inspector.acl_users())
-    assert users == {"default", "trainmedic", "trainmedic-agent", "trainmedic-trainer", "inspector"}
+    assert users == {"default", *USERS.values(), "inspector"}
     default = inspector.acl_getuser("default")
     assert not default["keys"] and not default["channels"] and "nopass" in default["flags"]
     # No user may run admin, configuration, keyspace-wide or free-form script commands (ACL DRYRUN asks Redis).
@@ -186,14 +189,15 @@ def test_trainers_and_agents_run_only_scripts_the_service_loaded_and_carry_on_on
     for who in ("TRAINER", "AGENT"):
         assert inspector.execute_command("ACL", "DRYRUN", USERS[who], "SCRIPT", "LOAD", "while true do end") != "OK"
         assert inspector.execute_command("ACL", "DRYRUN", USERS[who], "EVALSHA", "0" * 40, "0") == "OK"
-    trainer = redis.Redis.from_url(url(acl_redis, "TRAINER"), decode_responses=True)
+    trainer_url = credentials(acl_redis, "job", "acl-restart")
+    trainer = redis.Redis.from_url(trainer_url, decode_responses=True)
     assert refused(lambda: trainer.script_load("while true do end"))
     trainer.close()
     app = create_app({"TESTING": True, "redis_url": url(acl_redis, "SERVICE"), "webhook_token": "t" * 32,
                       "operator_token": OPERATOR, "signing_key": SIGNING_KEY})
     service = redis.Redis.from_url(url(acl_redis, "SERVICE"), decode_responses=True)
     opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-    rc = RemediationClient(job="acl-restart", redis_url=url(acl_redis, "TRAINER"), optimizer=opt,
+    rc = RemediationClient(job="acl-restart", redis_url=trainer_url, optimizer=opt,
                            heartbeat_interval=0.2, verify_key=VERIFY_KEY)
     steps = iter(range(10**6))
     try:
@@ -213,7 +217,7 @@ def test_trainers_and_agents_run_only_scripts_the_service_loaded_and_carry_on_on
         assert app.extensions["trainmedic"].reconciler.tick() is not None  # its tick loads them again
         done = jobs.wait_record(service, rid, tick=lambda: rc.poll(step=next(steps)), timeout=30)
         assert done["status"] == "applied" and opt.param_groups[0]["lr"] == pytest.approx(0.05)
-        assert any(e.get("object") == "script|load" and e.get("username") == USERS["TRAINER"]
+        assert any(e.get("object") == "script|load" and e.get("username") == "trainmedic-job-acl-restart"
                    for e in inspector.acl_log())
     finally:
         rc.close()
@@ -289,7 +293,7 @@ def test_an_agent_cannot_touch_job_keys(acl_redis, inspector) -> None:
         }
         allowed = [what for what, call in calls.items() if not refused(call)]
         assert allowed == [], allowed
-        assert {e["username"] for e in denials(inspector)} <= {"trainmedic-trainer", "trainmedic-agent", "default"}
+        assert {e["username"] for e in denials(inspector)} <= {USERS["TRAINER"], USERS["AGENT"], "default"}
         # Its own node's keys it may use.
         assert agent.set(keys.cursor(keys.Target("node", NODE)), "0-0")
     finally:
@@ -351,11 +355,18 @@ def test_docker_compose_gives_each_service_its_own_redis_user_with_its_password_
         var = f"TRAINMEDIC_REDIS_{who}_PASSWORD"
         assert redis_svc["environment"][var].startswith(f"${{{var}:?")  # compose stops when it is not set
         assert f"{var}=" in (ROOT / ".env.example").read_text()
+    stack = {"SERVICE": "trainmedic", "AGENT": "trainmedic-node-${TRAINMEDIC_NODE:-gpu-node-01}",
+             "TRAINER": "trainmedic-job-example-job"}
+    assert redis_svc["environment"]["TRAINMEDIC_NODE"] == "${TRAINMEDIC_NODE:-gpu-node-01}"
+    assert compose["agent"]["command"][compose["agent"]["command"].index("--node") + 1] == "${TRAINMEDIC_NODE:-gpu-node-01}"
+    job = compose["trainer"]["command"]
+    assert redis_svc["environment"]["TRAINMEDIC_JOB"] == job[job.index("--job") + 1] == "example-job"
     for name, who in (("trainmedic", "SERVICE"), ("agent", "AGENT"), ("trainer", "TRAINER")):
         raw = compose[name]["environment"]["TRAINMEDIC_REDIS_URL"]
-        url = urlsplit(raw)
-        assert (url.username, url.password, url.hostname) == (USERS[who], f"${{TRAINMEDIC_REDIS_{who}_PASSWORD}}",
-                                                              "redis"), name
+        url = urlsplit(raw.replace("${TRAINMEDIC_NODE:-gpu-node-01}", "NODE"))
+        assert (url.username, url.password, url.hostname) == (
+            stack[who].replace("${TRAINMEDIC_NODE:-gpu-node-01}", "NODE"), f"${{TRAINMEDIC_REDIS_{who}_PASSWORD}}",
+            "redis"), name
         assert not any("redis://" in str(a) for a in compose[name]["command"]), name  # never on a command line
     for ignore in (".gitignore", ".dockerignore"):
         lines = [x.strip().lstrip("/") for x in (ROOT / ignore).read_text().splitlines()]
@@ -371,3 +382,108 @@ def test_render_acl_refuses_to_start_redis_without_a_password(tmp_path: Path) ->
     assert out.returncode == 1 and not (tmp_path / "started").exists()
     assert out.stderr.strip() == ("render-acl: TRAINMEDIC_REDIS_TRAINER_PASSWORD is not set (docker-compose.yml "
                                   "takes it from .env; see .env.example)")
+
+
+def test_the_acl_files_node_and_job_users_are_exactly_what_trainmedic_credentials_makes(acl_redis, inspector) -> None:
+    from trainmedic.service.credentials import acl_line, user_name
+
+    for target, who in ((keys.Target("node", NODE), "AGENT"), (keys.Target("job", JOB), "TRAINER")):
+        line = acl_line(target, PASSWORDS[who])
+        assert user_name(target) == USERS[who]
+        # Redis describes both the same way: the rendered file's user, and one made from credentials' rules.
+        inspector.execute_command("ACL", "SETUSER", "made-by-credentials", *line.split()[2:])
+        try:
+            made = inspector.execute_command("ACL", "GETUSER", "made-by-credentials")
+            loaded = inspector.execute_command("ACL", "GETUSER", USERS[who])
+            assert made == loaded, (made, loaded)
+        finally:
+            inspector.execute_command("ACL", "DELUSER", "made-by-credentials")
+
+
+def credentials(acl_redis: EmbeddedRedis, kind: str, name: str) -> str:
+    """`trainmedic credentials KIND NAME` against the test's Redis (as an admin); the URL it prints."""
+    import sys
+
+    admin = f"redis://inspector:inspector-pw@127.0.0.1:{acl_redis.port}/0"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
+    out = subprocess.run([sys.executable, "-m", "trainmedic.service.cli", "credentials", kind, name, "--redis-url",
+                          admin], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("user ")]
+    assert line.startswith(f"user trainmedic-{kind}-{name} on #") and "inspector-pw" not in out.stdout
+    [url_line] = [x for x in out.stdout.splitlines() if x.startswith("TRAINMEDIC_REDIS_URL=")]
+    return url_line.split("=", 1)[1]
+
+
+def test_one_nodes_or_jobs_own_user_cannot_touch_another_nodes_or_jobs_keys(acl_redis, inspector) -> None:
+    other_node = redis.Redis.from_url(credentials(acl_redis, "node", "other-node"), decode_responses=True)
+    other_job = redis.Redis.from_url(credentials(acl_redis, "job", "other-job"), decode_responses=True)
+    node, job = keys.Target("node", NODE), keys.Target("job", JOB)
+    node_rid, job_rid = f"01ARZ3NDEKTSV4RRFFQ69G5FAV~node~{NODE}", f"01ARZ3NDEKTSV4RRFFQ69G5FAV~job~{JOB}"
+    try:
+        for who, target, rid in ((other_node, node, node_rid), (other_job, job, job_rid)):
+            calls = {
+                "rewrite a held record's steps": lambda: who.hset(keys.record(rid), "a:0:spec", "{}"),
+                "read a record": lambda: who.hget(keys.record(rid), "status"),
+                "XADD into the mailbox": lambda: who.xadd(keys.mailbox(target), {"c": "{}", "s": ""}),
+                "move the cursor": lambda: who.set(keys.cursor(target), "9999999999999-0"),
+                "forge the heartbeat": lambda: who.set(keys.heartbeat(target), "{}"),
+                "wake it": lambda: who.publish(keys.wake_channel(target), "x"),
+            }
+            allowed = [what for what, call in calls.items() if not refused(call)]
+            assert allowed == [], allowed
+        # Each still works on its own keys.
+        assert other_node.set(keys.cursor(keys.Target("node", "other-node")), "0-0")
+        assert other_job.set(keys.cursor(keys.Target("job", "other-job")), "0-0")
+        # Rotating a user ends its old password.
+        credentials(acl_redis, "node", "other-node")
+        other_node.connection_pool.disconnect()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            other_node.ping()
+    finally:
+        other_node.close()
+        other_job.close()
+        inspector.acl_log_reset()
+
+
+def test_a_held_record_its_own_node_rewrote_is_refused_on_approval_and_nothing_is_signed_or_deleted(
+        acl_redis, inspector, nvml_lib: Path, nvml_state: Any, tmp_path: Path) -> None:
+    g = Gunicorn({"TRAINMEDIC_REDIS_URL": url(acl_redis, "SERVICE")}, 2, tmp_path)
+    root = tmp_path / "checkpoints"
+    ckpts = []
+    for s in range(1, 4):
+        ckpt = root / "run" / f"checkpoint-{s}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.pt").write_bytes(b"x" * 1000)
+        ckpts.append(ckpt)
+    agent = AgentProcess(NODE, url(acl_redis, "AGENT"), tmp_path / "agent.log", allow_roots=[root],
+                         lib_dir=nvml_lib, state=nvml_state)
+    service = redis.Redis.from_url(url(acl_redis, "SERVICE"), decode_responses=True)
+    node_user = redis.Redis.from_url(url(acl_redis, "AGENT"), decode_responses=True)
+    try:
+        agent.wait_ready(service)
+        held = webhook(g, alertname="GPUXidError", node=NODE, gpu_id="0", instance="tamper")
+        assert held["status"] == "pending_approval"
+        mailbox = keys.mailbox(keys.Target("node", NODE))
+        before = inspector.xlen(mailbox)
+        # The node's own credentials turn its held drain into a cleanup of every checkpoint.
+        forged = {"action": "disk_cleanup", "params": {"keep_last": 0, "older_than": "0s", "patterns": ["*"]}}
+        node_user.hset(keys.record(held["id"]), "a:0:spec", json.dumps(forged))
+        assert records.get(service, held["id"])["actions"][0]["action"] == "disk_cleanup"
+        resp = requests.post(f"{g.url}/remediations/{held['id']}/approve", json={}, headers=OP_AUTH, timeout=10)
+        assert resp.status_code == 200, resp.text
+        rec = resp.json()
+        assert (rec["status"], rec["reason"]) == ("skipped", "tampered"), rec
+        assert rec["actions"][0]["status"] == "skipped" and rec["actions"][0]["reason"] == "tampered"
+        assert inspector.xlen(mailbox) == before  # nothing was signed or sent
+        time.sleep(1.0)  # the agent would have acted within this
+        assert all(c.exists() for c in ckpts)
+        metrics = requests.get(g.url + "/metrics", timeout=10).text
+        assert "trainmedic_records_tampered_total 1.0" in metrics
+        assert "was changed in Redis after it was decided" in (tmp_path / f"gunicorn-{g.port}.log").read_text()
+    finally:
+        agent.stop()
+        g.stop()
+        service.close()
+        node_user.close()
+        inspector.acl_log_reset()

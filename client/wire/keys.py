@@ -181,8 +181,12 @@ EPOCH = PREFIX + "epoch"
 RESETS = PREFIX + "resets"
 # When the reconciler last found the keyspace empty (the page shows a banner while it lives).
 RESET_AT = RESETS + ":at"
+# Jobs the service judged hung (label -> the hang's start, ms): TrainingHang is open for them.
+HUNG = PREFIX + "hung"
 # Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts.
 REJECTED = PREFIX + "rejected"
+# Records the service refused to act on because their hash no longer matched its seal (only it writes this).
+TAMPERED = PREFIX + "tampered"
 
 
 def outcomes(status: str, playbook: str) -> str:

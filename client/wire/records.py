@@ -12,7 +12,7 @@ from functools import cache, cached_property
 from hashlib import sha1
 from importlib import resources
 from typing import Any
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from . import keys
 from .protocol import ACK_STATUSES, Ack, dumps, fence, rfc3339
@@ -237,6 +237,8 @@ class NewRecord:
     # A new followed record needs the reconciler now (a silence, a notification, conditions to evaluate);
     # otherwise one still dispatched or held waits for its ack, expiry or approval deadline like any other.
     visit_now: bool = True
+    # The service's seal (Signer.seal): it covers what the record decided (see seal_text).
+    sealer: Callable[[bytes], str] | None = None
 
     @property
     def later(self) -> float:
@@ -264,7 +266,8 @@ class NewRecord:
         if self.requested_by != "webhook":
             fields["requested_by"] = self.requested_by
         if self.approval:
-            fields["expire_after"] = self.expire_after
+            # A string, so that the hash holds exactly what the seal covered.
+            fields["expire_after"] = repr(float(self.expire_after))
         if self.detail:
             fields["detail"] = self.detail
         if self.context:
@@ -275,6 +278,8 @@ class NewRecord:
             fields.update(stage=self.stage, parent=self.parent)
         for i, st in enumerate(self.steps):
             fields[f"a:{i}:spec"] = st.spec()
+        if self.sealer is not None:
+            fields["seal"] = self.sealer(seal_text(self.rid, fields))
         args = {
             "now": now_ms, "at": at, "mode": self.mode, "start": self.episode_start,
             "rid": self.rid, "forced_reason": self.forced_reason, "cooldown_ms": ms(self.cooldown),
@@ -297,6 +302,28 @@ class NewRecord:
         ks.append(keys.metrics(t, cluster))
         ks.append(keys.heartbeat(t))
         return ks, args
+
+
+# What a record's seal covers: every field that the service reads back to build the command it signs later
+# (an approval's release, a deferred record's conditions, a ladder's next stage, an on_resolved), besides
+# its id (which names its target) and its steps. Trainers and agents may write their own target's hashes; a
+# seal that no longer matches makes the service refuse to act on what the hash now says.
+SEALED = ("playbook", "mode", "n", "alert", "start", "fence", "expire_after", "context", "stage", "parent")
+
+
+def seal_text(record_id: str, h: Mapping[str, Any]) -> bytes:
+    """The bytes a record's seal covers, from its hash (or from the fields DECIDE is about to write)."""
+    n = int(h.get("n") or 0)
+    values = [record_id, *(None if h.get(k) is None else str(h[k]) for k in SEALED),
+              *(h.get(f"a:{i}:spec") for i in range(n))]
+    if values[2] == "firing":  # derived() puts back a firing record's mode, which DECIDE does not store
+        values[2] = None
+    return dumps(values).encode()
+
+
+def intact(record_id: str, h: Mapping[str, Any], signer: Any) -> bool:
+    """Whether the record's hash still holds what the service decided (its seal matches; Signer.sealed)."""
+    return bool(h) and signer.sealed(seal_text(record_id, h), h.get("seal"))
 
 
 # Pairs per DECIDE_MANY call: one call holds Redis for the whole batch, so a 1,000-alert notification is
@@ -413,11 +440,12 @@ def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float
 
 
 def deferred(scripts: Scripts, record_id: str, now: float, command: str, signature: str, early: Early,
-             maxlen: int) -> str | None:
-    """Send a record's command after its conditions (see lua/deferred.lua); its status, or None if not waiting."""
+             maxlen: int, reason: str = "") -> str | None:
+    """Send a record's command after its conditions (see lua/deferred.lua); its status, or None if not waiting.
+    reason: the record's own reason, when it is set aside whole (tampered)."""
     t = keys.target_of_record(record_id)
     args = {"now": int(now * 1000), "at": rfc3339(now), "rid": record_id, "command": command, "signature": signature,
-            "channel": keys.wake_channel(t), "maxlen": maxlen, "early": early_arg(early)}
+            "channel": keys.wake_channel(t), "maxlen": maxlen, "early": early_arg(early), "reason": reason}
     answer = scripts.deferred(keys=[keys.record(record_id), keys.mailbox(t), keys.due_items(t),
                                     keys.metrics(t, scripts.cluster)], args=[dumps(args)])
     return str(answer) if answer else None
@@ -602,8 +630,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
             "playbook": _STR,
             "status": {"type": "string", "enum": list(RECORD_STATUSES)},
             "reason": _nullable({**_STR, "description": "Why it was skipped or expired: cooldown, budget_exhausted, "
-                                                        "no_target, bad_label, rejected, resolved_not_notified, "
-                                                        "no_live_target, ..."}),
+                                                        "no_target, bad_label, rejected, tampered, "
+                                                        "resolved_not_notified, no_live_target, ..."}),
             "detail": _STR,
             "on_resolved": {"type": "boolean", "description": "true for the on_resolved actions of a resolved alert"},
             "approval_expires_at": _TIME,

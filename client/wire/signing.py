@@ -9,13 +9,18 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 from collections.abc import Iterable
 
 MIN_SECRET_BYTES = 32
 # Domain separation: the same secret used elsewhere never yields this key.
 _SEED_PREFIX = b"trainmedic-ed25519-v1:"
+# The record seal's key is derived from the signing key, so it needs no secret of its own; a MAC (not a
+# signature) because only the service that made a seal ever checks it.
+_SEAL_PREFIX = b"trainmedic-record-seal-v1:"
 
 
 class SigningError(ValueError):
@@ -107,6 +112,21 @@ class Signer:
     def sign(self, data: bytes) -> str:
         """The base64 signature of data."""
         return base64.b64encode(self.key.sign(data)).decode()
+
+    @cached_property
+    def _seal_key(self) -> bytes:
+        from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+        raw = self.key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        return hashlib.sha256(_SEAL_PREFIX + raw).digest()
+
+    def seal(self, data: bytes) -> str:
+        """A MAC of data that only the service can make or check (what it decided, kept where appliers can write)."""
+        return base64.b64encode(hmac.new(self._seal_key, data, hashlib.sha256).digest()[:18]).decode()
+
+    def sealed(self, data: bytes, seal: str | None) -> bool:
+        """Whether seal is this service's seal of data."""
+        return bool(seal) and hmac.compare_digest(self.seal(data), str(seal))
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from trainmedic.client.settings import Settings, SettingsError
 
-from . import agent, approve, check, history, send, serve
+from . import agent, approve, check, credentials, history, send, serve
 from .common import CliError, Parser
 
-COMMANDS = (serve, agent, check, send, history, approve)
+COMMANDS = (serve, agent, check, send, history, approve, credentials)
 
 
 def version() -> str:

@@ -16,6 +16,8 @@ from .dispatch import Dispatcher, command_for, steps_of
 
 log = logging.getLogger("trainmedic.conditions")
 
+TAMPERED = "Its stored steps no longer match what was decided, so nothing was sent."
+
 
 class Conditions:
     """Evaluates a deferred record's conditions and sends what may run."""
@@ -54,11 +56,18 @@ class Conditions:
 
     def run(self, target: keys.Target, h: dict[str, str], now: float) -> str | None:
         """Evaluate the pending steps' conditions and send the rest; the record's status after."""
+        early: list[tuple[int, str, str, str]] = []
+        send = []
+        if not records.intact(h["id"], h, self.dispatcher.signer):
+            # Its hash no longer holds what was decided: nothing of it is sent.
+            self.dispatcher.refuse_tampered(h["id"], "sending its steps after their conditions")
+            early = [(i, "skipped", "tampered", TAMPERED) for i in range(int(h.get("n") or 0))
+                     if h.get(f"a:{i}:status") == "pending"]
+            return records.deferred(self.dispatcher.scripts, h["id"], now, "", "", tuple(early),
+                                    self.dispatcher.settings.mailbox_maxlen, "tampered")
         steps = steps_of(h)
         context = records.loads_or(h.get("context"), {})
         values = self.values(target, context)
-        early: list[tuple[int, str, str, str]] = []
-        send = []
         for i, st in enumerate(steps):
             if h.get(f"a:{i}:status") != "pending":
                 continue

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -16,6 +17,8 @@ from trainmedic.client.wire.redis import is_cluster, run_scripts
 from trainmedic.client.wire.signing import Signer
 
 from .plan import Decision
+
+log = logging.getLogger("trainmedic.dispatch")
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # Two Crockford characters per 10 bits: an id is 13 look-ups instead of 26.
@@ -242,7 +245,7 @@ class Dispatcher:
             ends_at=d.alert.ends_at if d.mode == "resolved" else "",
             ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra,
             check_reach=check_reach, need=tuple(st.action for _, st in send) if check_reach else (),
-            visit_now=defer or bool(pb.notify) or s.notify or pb.silence)
+            visit_now=defer or bool(pb.notify) or s.notify or pb.silence, sealer=self.signer.seal)
 
     def _index_elsewhere(self, outcomes: list[Outcome], news: list[records.NewRecord], firsts: list[int]) -> None:
         """Redis Cluster: the approvals and due-target indexes (their own slots) of what DECIDE_MANY decided,
@@ -274,19 +277,34 @@ class Dispatcher:
         reach = self.reach([d.target]).get(d.target) if d.steps and not d.resolution.reason else None
         return self.submit([self.new_record(d, time.time() if now is None else now, prev, parent, extra, reach)])[0]
 
+    def refuse_tampered(self, record_id: str, what: str) -> None:
+        """Count and log a record whose hash no longer matches its seal, where the service refused to act on it."""
+        self.r.incr(keys.TAMPERED)
+        log.error("remediation %s was changed in Redis after it was decided; %s was refused", record_id, what,
+                  extra={"remediation_id": record_id})
+
     def decide_held(self, record_id: str, verb: str, by: str, comment: str, undo: bool,
                     obligation_due: float) -> list:
-        """Approve (release, signed anew with a fresh expiry) or reject a record held for approval."""
+        """Approve (release, signed anew with a fresh expiry) or reject a record held for approval.
+
+        The release signs only what was decided: a hold whose hash no longer matches its seal (someone wrote to
+        it in Redis) is ended `skipped` / `tampered` instead (verb 'tamper' of APPROVE)."""
         h = records.stored(self.r, record_id)
         if not h:
             return ["missing"]
         target = keys.target_of_record(record_id)
         alert = records.alert_of(h)
-        steps = steps_of(h)
         now = time.time()
         expire_after = float(h.get("expire_after") or 3600)
-        early, send, defer = plan_send(target, steps, self.reach([target]).get(target))
         text = signature = ""
+        early: records.Early = ()
+        send: list[tuple[int, Step]] = []
+        defer = False
+        if verb == "approve" and h.get("status") == "pending_approval" and not records.intact(record_id, h,
+                                                                                               self.signer):
+            verb = "tamper"
+        if verb == "approve":
+            early, send, defer = plan_send(target, steps_of(h), self.reach([target]).get(target))
         if send and not defer:
             cmd = command_for(record_id, target, send, json.loads(h.get("context") or "{}"), now, expire_after,
                               alert.get("fingerprint", ""), records.fence_of(h, alert), alert.get("starts_at", ""))
@@ -299,6 +317,8 @@ class Dispatcher:
             obligation_due=obligation_due, episode_ttl=self.settings.episode_ttl,
             maxlen=self.settings.mailbox_maxlen, early=early, defer=defer)])[0]
         answer = [str(x) for x in answer]
+        if answer[0] == "tampered":
+            self.refuse_tampered(record_id, "its approval")
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
         if answer[0] == "dispatched" or h.get("follow") == "1":

@@ -187,7 +187,11 @@ class FollowUp:
 
     def next_stage(self, target: keys.Target, h: Mapping[str, str], first: Mapping[str, str], pb: Playbook,
                    stage: int, now: float) -> str:
-        """Make the ladder's next stage after record h: DECIDE's status ('closed' when the episode ended)."""
+        """Make the ladder's next stage after record h: DECIDE's status ('closed' when the episode ended), or
+        'tampered' (nothing made) when the first record's hash no longer holds what was decided."""
+        if not records.intact(first["id"], first, self.dispatcher.signer):
+            self.dispatcher.refuse_tampered(first["id"], f"escalation stage {stage}")
+            return "tampered"
         was = records.alert_of(first)
         alert = alert_of_record(was, "firing", was.get("fingerprint", ""))
         context = records.loads_or(first.get("context"), {})
@@ -332,9 +336,13 @@ class _Pass:
                     f.end_ladder(self.first, pb, "resolved", self.events)
             elif self.gone():
                 f.end_ladder(self.first, pb, "resolved", self.events)
-            elif f.next_stage(self.target, self.h, self.first, pb, self.stage + 1, now) == "closed":
-                # The episode is over: resolved, or replaced by a later one of the same alert.
-                f.end_ladder(self.first, pb, "resolved" if self.resolved() else "superseded", self.events)
+            else:
+                made = f.next_stage(self.target, self.h, self.first, pb, self.stage + 1, now)
+                if made == "closed":
+                    # The episode is over: resolved, or replaced by a later one of the same alert.
+                    f.end_ladder(self.first, pb, "resolved" if self.resolved() else "superseded", self.events)
+                elif made == "tampered":
+                    f.end_ladder(self.first, pb, "tampered", self.events)
         elif status == "dry_run":
             f.end_ladder(self.first, pb, "dry_run", self.events)
         elif outcome in ("ineffective", "unknown"):

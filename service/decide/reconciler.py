@@ -193,16 +193,36 @@ class Reconciler:
         if not over:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
-        rec = records.stored(self.r, ob["rid"]) if ob.get("rid") else {}
-        alert = alert_of_record(records.alert_of(rec), "resolved", fingerprint)
+        rec = self._sealed_record(target, ob.get("rid") or "")
+        alert = alert_of_record(records.alert_of(rec or {}), "resolved", fingerprint)
         context = records.loads_or(rec.get("context"), {}) if rec else {}
+        resolution = Resolution(target, context)
+        if rec is None:
+            resolution = Resolution(target, {}, "tampered", "The record this on_resolved undoes was changed in "
+                                                            "Redis after it was decided, so nothing was sent.")
         outcome = self.dispatcher.decide_one(
-            Decision(pb, "timeout", alert, Resolution(target, context), requested_by="reconciler"), now)
+            Decision(pb, "timeout", alert, resolution, requested_by="reconciler"), now)
         log.info("on_resolved of %s for %s ran without a resolve notification (%s): %s", pb_name, target.label,
                  "Alertmanager no longer lists the alert" if state is not None else "resolve_timeout passed",
                  outcome.status, extra={"remediation_id": outcome.record_id, "fingerprint": fingerprint,
                                         "target": target.label})
         return outcome.record_id if outcome.new else None
+
+    def _sealed_record(self, target: keys.Target, rid: str) -> dict[str, str] | None:
+        """The record an obligation names ({} when it names none or it is gone), or None when it is not this
+        target's or its hash no longer holds what was decided (counted and logged)."""
+        if not rid:
+            return {}
+        try:
+            rec = records.stored(self.r, rid) if keys.target_of_record(rid) == target else None
+        except ValueError:
+            rec = None
+        if rec == {}:
+            return rec
+        if rec is None or not records.intact(rid, rec, self.dispatcher.signer):
+            self.dispatcher.refuse_tampered(rid, "the context of its on_resolved")
+            return None
+        return rec
 
     def _retention(self, now: float) -> int:
         """Delete the oldest records beyond TRAINMEDIC_HISTORY_MAX (age is each record's own TTL), and trim the

@@ -134,7 +134,8 @@ class RedisCollector(Collector):
         pipe.zcard(keys.APPROVALS)
         pipe.hgetall(keys.REJECTED)
         pipe.get(keys.RESETS)
-        *counts, pending_approval, rejected, resets = pipe.execute()
+        pipe.get(keys.TAMPERED)
+        *counts, pending_approval, rejected, resets, tampered = pipe.execute()
         live = dict(zip(keys.TARGET_KINDS, (int(n) for n in counts)))
 
         acked: dict[tuple[str, str], int] = defaultdict(int)
@@ -176,7 +177,11 @@ class RedisCollector(Collector):
             rejected_f.add_metric([reason], int(rejected.get(reason, 0)))
         resets_f = CounterMetricFamily("trainmedic_redis_resets",
                                        "Times Redis came back without trainmedic's data.", value=int(resets or 0))
-        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f, *self._outcomes()]
+        tampered_f = CounterMetricFamily("trainmedic_records_tampered",
+                                         "Records the service refused to act on because their stored steps no "
+                                         "longer matched what it decided.", value=int(tampered or 0))
+        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f, tampered_f,
+                *self._outcomes()]
 
     def _outcomes(self) -> list[Metric]:
         counts, hist = outcomes.counts(self.r)

@@ -1,10 +1,12 @@
 -- APPROVE: a person's decision on a record held for approval: release it, or reject it.
 -- KEYS[1] record   KEYS[2] mailbox   KEYS[3] episode (may be absent for manual records)   KEYS[4] obligation
 -- KEYS[5] open (the target's due items)
--- ARGV[1] JSON {now (ms), at (RFC 3339), verb: approve | reject, by, comment, maxlen, channel, command,
+-- ARGV[1] JSON {now (ms), at (RFC 3339), verb: approve | reject | tamper, by, comment, maxlen, channel, command,
 --   signature, expires_ms, undo (1: the playbook has on_resolved actions), ob_member, ob_due_ms,
 --   episode_ttl_ms, rid, early, defer (as in DECIDE)}
--- Returns {'dispatched'}, {'rejected'}, {'missing'}, {'not_pending', status} or {'expired'}.
+-- verb tamper: a person approved, but the hash no longer holds what was decided (its seal does not match):
+-- nothing is sent, the record ends skipped / tampered.
+-- Returns {'dispatched'}, {'rejected'}, {'tampered'}, {'missing'}, {'not_pending', status} or {'expired'}.
 local a = cjson.decode(ARGV[1])
 local rec = KEYS[1]
 -- KEYS[6] the metrics hash (see common.lua)
@@ -32,6 +34,13 @@ if a.verb == 'reject' then
              'approval_comment', a.comment)
   done_or_follow(rec, KEYS[5], a.rid, now)
   return {'rejected'}
+end
+if a.verb == 'tamper' then
+  local why = 'Its stored steps no longer match what was decided, so nothing was sent.'
+  end_open(rec, 'skipped', 'tampered', why, a.at)
+  redis.call('HSET', rec, 'status', 'skipped', 'reason', 'tampered', 'detail', why, 'approval_comment', a.comment)
+  done_or_follow(rec, KEYS[5], a.rid, now)
+  return {'tampered'}
 end
 count_backlog(rec, 1)
 redis.call('HSET', rec, 'status', 'dispatched', 'dispatched_ms', now, 'expires_ms', a.expires_ms,
