@@ -33,7 +33,7 @@ BROKEN = {
         [(6, f"unknown action 'explode' (known: {KNOWN})")]),
     "unknown parameter": (
         pb("    actions:\n      - scale_lr: {factr: 0.5}\n"),
-        [(6, "scale_lr has no parameter 'factr' (allowed: factor, min_lr)")]),
+        [(6, "scale_lr has no parameter 'factr' (did you mean factor? allowed: factor, min_lr)")]),
     "parameters of an action without any": (
         pb("    actions:\n      - empty_cache: {all: true}\n"),
         [(6, "empty_cache has no parameter 'all' (allowed: none)")]),
@@ -92,7 +92,7 @@ BROKEN = {
         [(6, "approval must be true or false")]),
     "unknown field": (
         pb("    actions: []\n    cooldwn: 10m\n"),
-        [(6, f"unknown playbook field 'cooldwn' (allowed: {FIELDS})")]),
+        [(6, f"unknown playbook field 'cooldwn' (did you mean cooldown? allowed: {FIELDS})")]),
     "bad target": (
         pb("    actions: []\n", target="gpu"),
         [(4, "target must be 'job' or 'node', not 'gpu'")]),
@@ -199,3 +199,57 @@ def test_trainmedic_serve_says_why_in_one_line(tmp_path: Path) -> None:
     assert out.stderr.strip().splitlines() == [
         f"trainmedic: invalid playbooks: {path}:7: action power_limit runs on a node, but this playbook targets a job"]
     assert not (tmp_path / "data").exists()  # refused before starting anything
+
+
+def test_one_file_reports_every_problem_a_misspelt_field_does_not_hide_the_others(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "typos.yaml"
+    path.write_text("playbooks:\n  - name: p\n    matcher: ['alertname=\"X\"']\n    target: job\n"
+                    "    actions:\n      - scale_lrr: {factor: 0.5}\n    cooldown: 10mins\n"
+                    "  - name: q\n    matchers: ['alertname=\"Y\"']\n    target: job\n"
+                    "    actions:\n      - scale_lr: {factor: 50}\n"
+                    "    escalate:\n      - after: 10m\n        actions: [{scale_lr: {factor: 0.5}}]\n")
+    assert main(["check", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}:3: unknown playbook field 'matcher' (did you mean matchers? allowed: {FIELDS})",
+        f"{path}:6: unknown action 'scale_lrr' (did you mean scale_lr? known: {KNOWN})",
+        f"{path}:7: cooldown: '10mins' is not a duration ({HINT})",
+        # Its only action's parameter is what is wrong: not "escalate needs actions".
+        f"{path}:12: scale_lr: factor must be <= 10, not 50",
+    ]
+
+
+def test_every_bad_parameter_of_an_action_is_reported_on_its_own_line(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(pb("    actions:\n      - scale_lr:\n          factor: 50\n          min_lr: -1\n"
+                       "          bogus: 1\n      - set_lr: {}\n        optional: maybe\n"))
+    assert check([path])[1] == [
+        f"{path}:7: scale_lr: factor must be <= 10, not 50",
+        f"{path}:8: scale_lr: min_lr must be >= 0, not -1",
+        f"{path}:9: scale_lr has no parameter 'bogus' (allowed: factor, min_lr)",
+        f"{path}:10: set_lr needs parameter 'lr'",
+        f"{path}:11: optional must be true or false",
+    ]
+
+
+def test_a_playbook_missing_its_target_still_has_its_other_fields_checked(tmp_path: Path) -> None:
+    path = tmp_path / "no-target.yaml"
+    path.write_text("playbooks:\n  - name: bad name!\n    matchers: ['alertname=~\"(X\"']\n"
+                    "    actions: [{explode: {}}]\n    approval: maybe\n")
+    assert check([path])[1] == [
+        f"{path}:2: playbook is missing 'target'",
+        f"{path}:2: name must be 1 to 64 letters, digits, '_', '.' or '-'",
+        f"{path}:3: bad matcher 'alertname=~\"(X\"': invalid regular expression (missing ), unterminated "
+        "subpattern at position 0)",
+        f"{path}:4: unknown action 'explode' (known: {KNOWN})",
+        f"{path}:5: approval must be true or false",
+    ]
+
+
+def test_every_file_is_reported_in_one_run(tmp_path: Path, capsys) -> None:
+    for name, body in (("a.yaml", "    actions: [{explode: {}}]\n"), ("b.yaml", "    cooldown: soon\n")):
+        (tmp_path / name).write_text(pb(body, name=name[0]))
+    assert main(["check", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{tmp_path / 'a.yaml'}:5: unknown action 'explode' (known: {KNOWN})",
+        f"{tmp_path / 'b.yaml'}:5: cooldown: 'soon' is not a duration ({HINT})",
+    ]

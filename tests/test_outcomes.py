@@ -188,6 +188,21 @@ def test_a_dispatched_remediation_that_applied_nothing_is_unknown_and_ends_its_l
     assert len(http.get("/history").get_json()["items"]) == 1
 
 
+def test_a_record_whose_every_action_was_skipped_has_no_outcome_and_ends_its_ladder(
+        r: Any, svc: Any, hook: Receiver) -> None:
+    http = svc.test_client()
+    rid = fire(http)
+    acked = apply(r, rid, status="skipped")
+    got = rec(r, rid)
+    # As for any other skip: nothing was dispatched that could have worked, so there is nothing to judge.
+    assert got["status"] == "skipped" and got["outcome"] is None
+    reconciler(svc).tick(acked + 3600)
+    got = rec(r, rid)
+    assert got["outcome"] is None and got["escalation"]["next"] is None, "a stage that applied nothing ends it"
+    assert http.get("/history?outcome=unknown").get_json()["items"] == []
+    assert http.get("/playbooks").get_json()["items"][0]["outcomes"]["unknown"] == 0
+
+
 def test_a_ladder_runs_each_stage_once_while_the_alert_fires_and_ends_unresolved(
         r: Any, svc: Any, hook: Receiver) -> None:
     http = svc.test_client()

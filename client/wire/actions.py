@@ -1,6 +1,7 @@
 """The action catalogue: names, target kinds and typed parameters, shared by service, agent and client."""
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import MISSING, dataclass, fields
@@ -198,23 +199,46 @@ class ActionSpec:
 
     def parse(self, params: Any) -> Any:
         """Typed params from a playbook's mapping; raises ParamError naming the allowed keys."""
+        values, problems = self._checked(params)
+        if problems:
+            raise ParamError(problems[0][1])
+        return self.params_type(**values)
+
+    def problems(self, params: Any) -> list[tuple[Any, str]]:
+        """Every problem of a parameter mapping, each with the key it is about (None: the mapping as a whole)."""
+        return self._checked(params)[1]
+
+    def _checked(self, params: Any) -> tuple[dict[str, Any], list[tuple[Any, str]]]:
+        """The checked values, and every problem: unknown keys first, then bad values, then what is missing."""
         if params is None:
             params = {}
         if not isinstance(params, dict):
-            raise ParamError(f"parameters of {self.name} must be a mapping")
-        allowed = [f.name for f in fields(self.params_type)]
-        for key in params:
+            return {}, [(None, f"parameters of {self.name} must be a mapping")]
+        allowed = {f.name: f for f in fields(self.params_type)}
+        unknown: list[tuple[Any, str]] = []
+        bad: list[tuple[Any, str]] = []
+        values: dict[str, Any] = {}
+        meant: set[str] = set()
+        for key, v in params.items():
             if key not in allowed:
                 names = ", ".join(allowed) if allowed else "none"
-                raise ParamError(f"{self.name} has no parameter {key!r} (allowed: {names})")
-        values = {k: self.checks[k](k, v) for k, v in params.items()}
-        for f in fields(self.params_type):
-            if f.name not in values and f.default is MISSING:
-                raise ParamError(f"{self.name} needs parameter {f.name!r}")
-        typed = self.params_type(**values)
-        if isinstance(typed, PowerLimit) and (typed.watts is None) == (typed.fraction is None):
-            raise ParamError("power_limit needs exactly one of 'watts' or 'fraction'")
-        return typed
+                close = difflib.get_close_matches(str(key), list(allowed), n=1)
+                meant.update(close)
+                hint = f"did you mean {close[0]}? " if close else ""
+                unknown.append((key, f"{self.name} has no parameter {key!r} ({hint}allowed: {names})"))
+                continue
+            try:
+                values[key] = self.checks[key](key, v)
+            except ParamError as exc:
+                bad.append((key, str(exc)))
+        missing: list[tuple[Any, str]] = [(None, f"{self.name} needs parameter {name!r}")
+                                          for name, f in allowed.items()
+                                          if name not in params and name not in meant and f.default is MISSING]
+        problems = unknown + bad + missing
+        if not problems and self.params_type is PowerLimit and (values.get("watts") is None) == (
+                values.get("fraction") is None):
+            problems.append((None, "power_limit needs exactly one of 'watts' or 'fraction'"))
+        return values, problems
 
     @property
     def needs_params(self) -> bool:

@@ -1,6 +1,7 @@
 """Declarative playbooks from YAML: validated at load time, every problem reported as FILE:LINE: message."""
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from trainmedic.client.wire.actions import CATALOGUE, ParamError
+from trainmedic.client.wire.actions import CATALOGUE
 from trainmedic.client.wire.durations import parse_duration
 from trainmedic.client.wire.keys import TARGET_KINDS
 from trainmedic.client.wire.records import Step
@@ -180,26 +181,44 @@ def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: st
             continue
         spec = CATALOGUE.get(name)
         if spec is None:
-            p.add(item, f"unknown action {name!r} (known: {', '.join(sorted(CATALOGUE))})")
+            p.add(item, f"unknown action {name!r} ({_did_you_mean(name, CATALOGUE)}known: "
+                        f"{', '.join(sorted(CATALOGUE))})")
             continue
+        ok = True
         if kind in TARGET_KINDS and spec.kind != kind:
             p.add(item, f"action {name} runs on a {spec.kind}, but this playbook targets a {kind}")
         if stage and spec.undoes:
             p.add(item, f"{name} undoes a remediation: it belongs in on_resolved, not in an escalation stage")
         params = _scalar(loader, params_node) if params_node is not None else {}
-        try:
-            spec.parse(params)
-        except ParamError as exc:
-            msg = str(exc)
-            # Say which action a bare "factor must be a number" belongs to.
-            p.add(params_node or item, msg if name in msg else f"{name}: {msg}")
-            continue
+        for key, msg in spec.problems(params):
+            # Say which action a bare "factor must be a number" belongs to, on the line of its parameter.
+            p.add(_key_node(params_node, key) or params_node or item, msg if name in msg else f"{name}: {msg}")
+            ok = False
         optional = _bool(loader, extra["optional"][1], "optional", p) if "optional" in extra else False
         when = None
         if "when" in extra:
             when = _when(loader, extra["when"][1], p)
-        steps.append(Step(name, dict(params or {}), optional, when))
+        if ok:
+            steps.append(Step(name, dict(params or {}), optional, when))
     return tuple(steps)
+
+
+def _key_node(node: yaml.Node | None, key: Any) -> yaml.Node | None:
+    """The node of `key` in a mapping node (None when the node is no mapping or has no such key)."""
+    if key is None or not isinstance(node, yaml.MappingNode):
+        return None
+    return next((k for k, _ in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(key)), None)
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """"did you mean X? " when a choice is close to the word, else nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]}? " if close else ""
+
+
+def _listed(node: yaml.Node | None) -> bool:
+    """Whether a node is a list with at least one item."""
+    return isinstance(node, yaml.SequenceNode) and bool(node.value)
 
 
 def _when(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> str | None:
@@ -232,23 +251,28 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
     if fields is None:
         return None
     before = len(p.items)
+    suggested = set()
     for key, (knode, _) in fields.items():
         if key not in _FIELDS:
-            p.add(knode, f"unknown playbook field {key!r} (allowed: {', '.join(_FIELDS)})")
+            hint = _did_you_mean(key, _FIELDS)
+            suggested.add(hint[len("did you mean "):-2])
+            p.add(knode, f"unknown playbook field {key!r} ({hint}allowed: {', '.join(_FIELDS)})")
     for required in ("name", "matchers", "target"):
-        if required not in fields:
+        # A misspelt field that was taken for this one has said so already.
+        if required not in fields and required not in suggested:
             p.add(node, f"playbook is missing {required!r}")
-    if len(p.items) > before and any(r not in fields for r in ("name", "matchers", "target")):
-        return None
-    name = _scalar(loader, fields["name"][1])
-    if not isinstance(name, str) or not _NAME.match(name):
+    # Every field present is checked, whatever else is missing or wrong, so one run reports every problem.
+    name = _scalar(loader, fields["name"][1]) if "name" in fields else None
+    if "name" in fields and (not isinstance(name, str) or not _NAME.match(name)):
         p.add(fields["name"][1], "name must be 1 to 64 letters, digits, '_', '.' or '-'")
-    kind = _scalar(loader, fields["target"][1])
-    if kind not in TARGET_KINDS:
+    kind = _scalar(loader, fields["target"][1]) if "target" in fields else None
+    if "target" in fields and kind not in TARGET_KINDS:
         p.add(fields["target"][1], f"target must be 'job' or 'node', not {kind!r}")
     matchers: list[Matcher] = []
-    mnode = fields["matchers"][1]
-    if not isinstance(mnode, yaml.SequenceNode) or not mnode.value:
+    mnode = fields["matchers"][1] if "matchers" in fields else None
+    if mnode is None:
+        pass
+    elif not isinstance(mnode, yaml.SequenceNode) or not mnode.value:
         p.add(mnode, 'matchers must be a non-empty list like - alertname="GPUTemperatureHigh"')
     else:
         for m in mnode.value:
@@ -261,7 +285,8 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
     opts: dict[str, Any] = {}
     if "escalate" in fields:
         opts["escalate"] = _ladder(loader, fields["escalate"][1], kind, p)
-        if opts["escalate"] and not actions:
+        # Only when there are none: actions that are listed but invalid have said what is wrong with them.
+        if _listed(fields["escalate"][1]) and not _listed(fields["actions"][1] if "actions" in fields else None):
             p.add(fields["escalate"][0], "escalate needs actions: a ladder starts from the playbook's own actions")
     if "notify" in fields:
         opts["notify"] = _notify(loader, fields["notify"][1], p)

@@ -41,8 +41,9 @@ end
 -- were lost, failed otherwise; skipped when every action was skipped. Nothing changes while any action is
 -- pending or delivered, nor for a record that is not dispatched. A settled record keeps when it settled
 -- (now, in ms: the last ack) and drops its stored command. A record that answers for its alert (it has
--- `verify_ms`) gets its outcome: pending when something was applied, else unknown. A record the reconciler
--- follows stays among the target's due items (open_z), due now, so it looks at it at once.
+-- `verify_ms`) gets its outcome: pending when something was applied, none when every action was skipped,
+-- else unknown. A record the reconciler follows stays among the target's due items (open_z), due now, so it
+-- looks at it at once.
 local function done_or_follow(rec, open_z, rid, now)
   -- A record that ended leaves the due items, unless the reconciler follows it: then it is due now.
   if redis.call('HGET', rec, 'follow') == '1' then
@@ -79,7 +80,8 @@ local function settle(rec, now, open_z, rid)
   redis.call('HDEL', rec, 'cmd', 'sig')
   -- A process did take it after all: "no live target" is no longer the record's story.
   if applied > 0 and redis.call('HGET', rec, 'reason') == 'no_live_target' then redis.call('HSET', rec, 'reason', '') end
-  if redis.call('HEXISTS', rec, 'verify_ms') == 1 then
+  -- A record whose every action was skipped dispatched nothing: like any other skip, it has no outcome.
+  if status ~= 'skipped' and redis.call('HEXISTS', rec, 'verify_ms') == 1 then
     local o = 'unknown'
     if applied > 0 then o = 'pending' end
     redis.call('HSET', rec, 'outcome', cjson.encode({status = o, resolved_at = cjson.null, time_to_resolve_s = cjson.null}))
