@@ -100,15 +100,18 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--fsync", choices=("everysec", "always"), default="everysec",
+                    help="Redis's appendfsync (everysec: trainmedic's default)")
     ap.add_argument("--playbooks", default=str(ROOT / "playbooks"), help="trainmedic's playbooks (default: shipped)")
     args = ap.parse_args()
     results: dict[int, dict[str, list[dict]]] = {}
     sent = 0
     # Log level info, as `trainmedic serve` runs by default (the baseline logs at INFO too).
     stack_env = {"TRAINMEDIC_LOG_LEVEL": "info"}
-    with Stack(workers=args.workers, playbooks=args.playbooks, env=stack_env) as stack, Baseline(args.workers) as base:
+    with Stack(workers=args.workers, playbooks=args.playbooks, env=stack_env, fsync=args.fsync) as stack, \
+            Baseline(args.workers) as base:
         r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
-        assert r.config_get("appendfsync")["appendfsync"] == "always"
+        assert r.config_get("appendfsync")["appendfsync"] == args.fsync
         for group in (10, 1):
             # warm-up: both services, a short run each (imports, connection pools, script cache)
             sent += wrk(stack.url, group, 2)["requests"] * group

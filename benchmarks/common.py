@@ -24,9 +24,9 @@ class Stack:
     """Redis (AOF on, as `trainmedic serve` runs it) plus gunicorn with N workers; a context manager."""
 
     def __init__(self, workers: int = 4, playbooks: str | None = None, redis_url: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, fsync: str = "everysec"):
         self.tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
-        self.redis = None if redis_url else EmbeddedRedis(self.tmp / "redis")
+        self.redis = None if redis_url else EmbeddedRedis(self.tmp / "redis", fsync=fsync)
         self.redis_url = redis_url
         self.workers = workers
         self.playbooks = playbooks or str(ROOT / "playbooks")

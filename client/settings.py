@@ -15,6 +15,13 @@ DEFAULT_URL = "http://127.0.0.1:9095"
 DEFAULT_HISTORY_MAX = 1_000_000
 # A just-started Alertmanager knows no alerts until Prometheus sends them again (about a minute).
 DEFAULT_ALERTMANAGER_TRUST_AFTER = 120.0
+# A job whose step has not moved this long while it heartbeats gets a TrainingHang alert.
+DEFAULT_HANG_AFTER = 600.0
+DEFAULT_RESYNC_AFTER = 300.0
+# TRAINMEDIC_REDIS_FSYNC: the embedded Redis's appendfsync, the default first.
+FSYNC_MODES = ("everysec", "always")
+# How long a client may take to send one request's headers and body before its connection is closed.
+DEFAULT_REQUEST_DEADLINE = 5.0
 
 
 class SettingsError(ValueError):
@@ -82,6 +89,36 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _deadline(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _seconds(env, name, default)
+    if not 0 < value <= 300:
+        raise SettingsError(f"{name} must be a number of seconds above 0 and at most 300, not {env.get(name)!r}")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of choices (the first when unset); SettingsError names the others."""
+    raw = (env.get(name) or choices[0]).strip().lower()
+    if raw not in choices:
+        raise SettingsError(f"{name} must be {' or '.join(choices)}, not {raw!r}")
+    return raw
+
+
+def _duration(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    from .wire.durations import HINT, parse_duration
+
+    try:
+        value = parse_duration(float(raw) if raw.replace(".", "", 1).isdigit() else raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise SettingsError(f"{name} must be a positive duration ({HINT}) or a number of seconds, not {raw!r}")
+    return value
+
+
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -113,6 +150,11 @@ class Settings:
     prometheus_url: str | None = None
     notify_url: str | None = None
     history_max: int = DEFAULT_HISTORY_MAX
+    hang_after: float = DEFAULT_HANG_AFTER
+    # The embedded Redis's appendfsync (everysec: may lose the last second, which the resync heals).
+    redis_fsync: str = "everysec"
+    # How long Alertmanager must have listed an alert as active before the resync may decide it.
+    resync_after: float = DEFAULT_RESYNC_AFTER
     dry_run: bool = False
     job: str | None = None
     log_level: str = "info"
@@ -121,6 +163,7 @@ class Settings:
     bind: str = "127.0.0.1:9095"
     workers: int = 2
     threads: int = 4
+    request_deadline: float = DEFAULT_REQUEST_DEADLINE
     data_dir: str | None = None
 
     @classmethod
@@ -147,6 +190,9 @@ class Settings:
             prometheus_url=_url(env, "TRAINMEDIC_PROMETHEUS_URL"),
             notify_url=_url(env, "TRAINMEDIC_NOTIFY_URL"),
             history_max=_positive_int(env, "TRAINMEDIC_HISTORY_MAX", DEFAULT_HISTORY_MAX),
+            hang_after=_duration(env, "TRAINMEDIC_HANG_AFTER", DEFAULT_HANG_AFTER),
+            redis_fsync=_choice(env, "TRAINMEDIC_REDIS_FSYNC", FSYNC_MODES),
+            resync_after=_duration(env, "TRAINMEDIC_RESYNC_AFTER", DEFAULT_RESYNC_AFTER),
             dry_run=parse_bool(env.get("TRAINMEDIC_DRY_RUN"), "TRAINMEDIC_DRY_RUN"),
             job=env.get("TRAINMEDIC_JOB") or None,
             log_level=level,
@@ -154,6 +200,7 @@ class Settings:
             bind=env.get("TRAINMEDIC_BIND") or "127.0.0.1:9095",
             workers=_positive_int(env, "TRAINMEDIC_WORKERS", 2),
             threads=_positive_int(env, "TRAINMEDIC_THREADS", 4),
+            request_deadline=_deadline(env, "TRAINMEDIC_REQUEST_DEADLINE", DEFAULT_REQUEST_DEADLINE),
             data_dir=env.get("TRAINMEDIC_DATA_DIR") or None,
         )
 

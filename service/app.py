@@ -19,7 +19,7 @@ from trainmedic.client.wire.signing import Signer
 from .decide.alertmanager import Alertmanager
 from .decide.dispatch import DispatchSettings, Dispatcher
 from .decide.reconciler import Reconciler, ReconcilerSettings
-from .errors import TrainmedicError
+from .errors import MAX_BODY, TrainmedicError
 from .people import People
 from .prometheus import Prometheus
 from .rules.playbooks import SHIPPED, Playbook, load, missing_alertmanager
@@ -27,7 +27,6 @@ from .web.metrics import WEBHOOK_SECONDS, Metrics
 
 log = logging.getLogger("trainmedic.service")
 
-MAX_BODY = 1024 * 1024
 # Connection trouble means "try again later" (503); any other Redis error is a bug (500).
 REDIS_DOWN: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 try:  # cluster-only errors

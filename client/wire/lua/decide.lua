@@ -59,10 +59,17 @@ local function ep_rid()
   return r
 end
 
+-- The later of an episode's open start and the latest start it has seen (hi: before a merge moved it earlier).
+local function latest_start(open, hi)
+  if open and hi and hi > open then return hi end
+  return open
+end
+
 local function close_episode()
-  local open = redis.call('HGET', ep, 'open')
-  local closed = redis.call('HGET', ep, 'closed')
-  if open and (not closed or open > closed) then redis.call('HSET', ep, 'closed', open) end
+  local oc = redis.call('HMGET', ep, 'open', 'closed', 'hi')
+  local open, closed = oc[1], oc[2]
+  local last = latest_start(open, oc[3])
+  if last and (not closed or last > closed) then redis.call('HSET', ep, 'closed', last) end
   if mode == 'resolved' and open then
     redis.call('HSET', ep, 'res_start', open, 'res_ms', a.ends_ms, 'res_at', a.ends_at)
     -- The episode's ladder (its first record, then each `next`) learns of the resolve at once.
@@ -72,7 +79,7 @@ local function close_episode()
       r, hops = redis.call('HGET', prefix .. r, 'next'), hops + 1
     end
   end
-  redis.call('HDEL', ep, 'open', 'rid', 'st')  -- st: written by earlier versions
+  redis.call('HDEL', ep, 'open', 'rid', 'hi', 'st')  -- st: written by earlier versions
   -- The alert is over: a hold that nobody approved must not throttle a GPU that nothing will restore.
   local holds = redis.call('HGET', ep, 'holds')
   if holds then
@@ -108,12 +115,15 @@ if mode == 'firing' then
     redis.call('HSET', ob, 'seen', now)
     redis.call('ZADD', open_z, a.ob_due_ms, a.ob_member)
   end
-  local oc = redis.call('HMGET', ep, 'open', 'closed')
+  local oc = redis.call('HMGET', ep, 'open', 'closed', 'hi')
   local open, closed = oc[1], oc[2]
-  if open and a.start <= open then
+  local top = latest_start(open, oc[3])
+  if open and a.start <= top then
     -- The open episode: a resend, a retry, an HA peer; an earlier start is the same alert merged from
     -- two Prometheus servers (never one of a closed episode's, which is a late retry of that episode).
-    if a.start < open and (not closed or a.start > closed) then redis.call('HSET', ep, 'open', a.start) end
+    -- The episode keeps its latest start too (hi), so a late retry with the start from before the merge is
+    -- still this episode, while it is open and after it closed.
+    if a.start < open and (not closed or a.start > closed) then redis.call('HSET', ep, 'open', a.start, 'hi', top) end
     redis.call('PEXPIRE', ep, a.episode_ttl_ms)
     return {'duplicate', ep_rid() or '', ''}
   end
@@ -124,7 +134,8 @@ if mode == 'firing' then
   if open then
     -- A later start while one is open: the alert resolved and fired again within one group_interval, so
     -- Alertmanager never sent that resolve. The old episode is over; its obligation stays with the alert.
-    redis.call('HSET', ep, 'closed', open)
+    redis.call('HSET', ep, 'closed', top)
+    redis.call('HDEL', ep, 'hi')
   end
 elseif mode == 'resolved' or mode == 'timeout' then
   local open = redis.call('HGET', ep, 'open')
