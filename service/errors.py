@@ -1,6 +1,9 @@
 """The service's small exception tree: each error carries its HTTP status and one human sentence."""
 from __future__ import annotations
 
+# The largest request body the service takes, however it is sent (Content-Length or chunked).
+MAX_BODY = 1024 * 1024
+
 
 class TrainmedicError(Exception):
     """Base error; `permanent` errors are never worth retrying."""

@@ -10,7 +10,8 @@ from trainmedic.client.settings import Settings
 _settings = Settings.from_env()
 bind = _settings.bind
 workers = _settings.workers
-worker_class = "gthread"
+# Reads each request whole (within TRAINMEDIC_REQUEST_DEADLINE) before a thread serves it: see worker.py.
+worker_class = "trainmedic.service.worker.WholeRequestWorker"
 threads = _settings.threads
 timeout = 30
 graceful_timeout = 10
