@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +24,9 @@ TOKENS_FILE = "TRAINMEDIC_OPERATOR_TOKENS_FILE"
 MAKE_TOKEN = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
-def read_tokens_file(path: str) -> tuple[tuple[str, str], ...]:
-    """The file's (NAME, TOKEN) pairs; SettingsError naming the file, the line and why for a bad one."""
+def read_tokens_file(path: str, others: Mapping[str, str | None] | None = None) -> tuple[tuple[str, str], ...]:
+    """The file's (NAME, TOKEN) pairs; SettingsError naming the file, the line and why for a bad one (a token
+    that is also one of `others`, the service's other tokens by variable name, among them)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -54,6 +56,9 @@ def read_tokens_file(path: str) -> tuple[tuple[str, str], ...]:
             raise SettingsError(f"{where}: the name {name} is already on line {names[name]}")
         if token in tokens:
             raise SettingsError(f"{where}: the token is already on line {tokens[token]}; each person needs their own")
+        for var, value in (others or {}).items():
+            if value and hmac.compare_digest(token.encode(), value.encode()):
+                raise SettingsError(f"{where}: the token of {name} is also {var}; give each its own")
         names[name], tokens[token] = n, n
         pairs.append((name, token))
     return tuple(pairs)
@@ -76,15 +81,12 @@ class People:
     @classmethod
     def from_settings(cls, settings: Settings) -> People:
         """The settings' tokens; SettingsError (one sentence) for a bad tokens file or tokens that collide."""
-        named = read_tokens_file(settings.operator_tokens_file) if settings.operator_tokens_file else ()
-        operators = ([("operator", settings.operator_token)] if settings.operator_token else []) + [
-            (f"operator:{name}", token) for name, token in named]
         others = {"TRAINMEDIC_WEBHOOK_TOKEN": settings.webhook_token, "TRAINMEDIC_OPERATOR_TOKEN":
                   settings.operator_token, "TRAINMEDIC_READ_TOKEN": settings.read_token}
-        for name, token in named:
-            for var, value in others.items():
-                if value and hmac.compare_digest(token.encode(), value.encode()):
-                    raise SettingsError(f"{TOKENS_FILE}: the token of {name} is also {var}; give each its own")
+        path = settings.operator_tokens_file
+        named = read_tokens_file(path, others) if path else ()
+        operators = ([("operator", settings.operator_token)] if settings.operator_token else []) + [
+            (f"operator:{name}", token) for name, token in named]
         read = settings.read_token
         if read:
             for var in ("TRAINMEDIC_WEBHOOK_TOKEN", "TRAINMEDIC_OPERATOR_TOKEN"):

@@ -57,10 +57,15 @@ def test_the_document_names_every_endpoint_and_status_of_the_contract(http: Any)
             content = op["responses"][code].get("content", {})
             if "application/json" in content:
                 assert content["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
-        # A bearer token on every write, on nothing else: Alertmanager's for the webhook, people's for the rest.
-        wanted = None if method != "post" else [{"webhook": []}] if path == "/webhook" else [{"operator": []}]
+        # A bearer token on every write: Alertmanager's for the webhook, people's for the rest. Every read but the
+        # probes and the scrape takes the read token or an operator token, needed only when a read token is set.
+        wanted = ([{"webhook": []}] if path == "/webhook" else [{"operator": []}] if method == "post" else
+                  None if path in ("/healthz", "/readyz", "/metrics") else [{}, {"read": []}, {"operator": []}])
         assert op.get("security") == wanted, (method, path)
-    assert set(doc["components"]["securitySchemes"]) == {"webhook", "operator"}
+        if wanted and wanted[0] == {}:
+            assert {"401", "403"} <= set(op["responses"]), path
+    assert set(doc["components"]["securitySchemes"]) == {"webhook", "operator", "read"}
+    assert "operator:NAME" in doc["components"]["securitySchemes"]["operator"]["description"]
     record = doc["components"]["schemas"]["Record"]
     # The record's fields as CONTRACT.md lists them (v2), described by the module that writes them.
     assert set(record["required"]) == {

@@ -1,5 +1,6 @@
-"""Approve and reject from the page, in a real headless Chromium: the operator token pasted once and kept in
-sessionStorage, a same-origin JSON POST from the service's own script, who decided shown on the record."""
+"""Approve and reject from the page, in a real headless Chromium: a person logs in once with their own operator
+token (a form, a signed session cookie that never holds the token), then a same-origin JSON POST from the
+service's own script acts as them, and the record says who decided."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +15,7 @@ from tests.conftest import OPERATOR, post_json
 from tests.support.browser import Server, shot
 from tests.test_ui import alert
 
+ALICE = "alice-token-" + "0123456789abcdef" * 2
 PLAYBOOKS = """
 playbooks:
   - name: drain-xid
@@ -27,7 +29,9 @@ playbooks:
 @pytest.fixture
 def held(make_app: Any, r: redis.Redis, tmp_path: Path) -> Iterator[tuple[Server, list[str]]]:
     (tmp_path / "pb.yaml").write_text(PLAYBOOKS)
-    app = make_app(playbooks=str(tmp_path / "pb.yaml"), UI_REFRESH_SECONDS=1)
+    (tmp_path / "operators.tokens").write_text(f"alice {ALICE}\n")
+    app = make_app(playbooks=str(tmp_path / "pb.yaml"), operator_tokens_file=str(tmp_path / "operators.tokens"),
+                   UI_REFRESH_SECONDS=1)
     http = app.test_client()
     ids = []
     for i, node in enumerate(("gpu-node-07", "gpu-node-08")):
@@ -40,47 +44,71 @@ def held(make_app: Any, r: redis.Redis, tmp_path: Path) -> Iterator[tuple[Server
     server.stop()
 
 
-def answering(page: Page, token: str, prompts: list[str]) -> None:
-    """Paste `token` into every prompt the page opens, counting them."""
-    page.on("dialog", lambda d: (prompts.append(d.message), d.accept(token)))
+def log_in(page: Page, token: str) -> None:
+    """Follow the header's "log in" link and type the token into the form."""
+    page.locator("header a.who").click()
+    page.locator("#login input[name=token]").fill(token)
+    page.locator("#login button").click()
 
 
-def test_a_person_approves_and_rejects_from_the_record_page(held: tuple[Server, list[str]], browser: Browser) -> None:
+def test_a_person_logs_in_once_then_approves_and_rejects_as_themselves(held: tuple[Server, list[str]],
+                                                                      browser: Browser, r: redis.Redis) -> None:
     server, (first, second) = held
     ctx = browser.new_context(viewport={"width": 1360, "height": 900})
     page = ctx.new_page()
-    prompts: list[str] = []
-    answering(page, OPERATOR, prompts)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.goto(f"{server.url}/records/{first}")
+    # Not logged in: nothing is sent, and the page says how to log in.
+    page.locator(".decide .approve").click()
+    expect(page.locator(".decide-msg")).to_contain_text("log in with your operator token first")
+    assert r.hget(f"trainmedic:{{node:gpu-node-07}}:rec:{first}", "status") == "pending_approval"
+    log_in(page, ALICE)
+    page.wait_for_url(f"{server.url}/records/{first}")  # back where they were
+    expect(page.locator("header form.who")).to_contain_text("alice")
     page.locator(".decide .comment").fill("XID 79 on GPU 3, draining")
     page.locator(".decide .approve").click()
-    expect(page.locator("#record")).to_contain_text("by operator at", timeout=10_000)
+    expect(page.locator("#record")).to_contain_text("by operator:alice at", timeout=10_000)
     expect(page.locator("#record")).to_contain_text("XID 79 on GPU 3, draining")
-    assert len(prompts) == 1 and "operator token" in prompts[0]
     shot(page, "record-approved.png")
-    # The token is kept for the tab: the next decision does not ask again.
+    # The login holds for the next decision, with no question asked.
     page.goto(f"{server.url}/records/{second}")
     page.locator(".decide .reject").click()
-    expect(page.locator("#record")).to_contain_text("rejected", timeout=10_000)
-    assert len(prompts) == 1
+    expect(page.locator("#record")).to_contain_text("by operator:alice at", timeout=10_000)
+    assert r.hget(f"trainmedic:{{node:gpu-node-08}}:rec:{second}", "rejected_by") == "operator:alice"
+    assert dialogs == []
+    # The browser keeps a session cookie the page's script cannot read, holding no token; no storage holds one.
+    [cookie] = ctx.cookies()
+    assert cookie["name"] == "trainmedic_session" and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["expires"] == -1 and ALICE not in cookie["value"]
+    assert "trainmedic_session" not in page.evaluate("document.cookie")
+    stored = page.evaluate("JSON.stringify([Object.assign({}, sessionStorage), Object.assign({}, localStorage)])")
+    assert ALICE not in stored and OPERATOR not in stored
+    # Logging out clears it: the header offers "log in" again.
+    page.locator("header form.who button").click()
+    expect(page.locator("header a.who")).to_have_text("log in")
+    assert ctx.cookies() == []
     ctx.close()
 
 
-def test_a_wrong_token_changes_nothing_says_why_and_is_forgotten(held: tuple[Server, list[str]],
-                                                                 browser: Browser, r: redis.Redis) -> None:
+def test_a_wrong_token_logs_nobody_in_says_why_and_changes_nothing(held: tuple[Server, list[str]],
+                                                                  browser: Browser, r: redis.Redis) -> None:
     server, (first, _) = held
     ctx = browser.new_context()
     page = ctx.new_page()
-    prompts: list[str] = []
-    answering(page, "not-the-token", prompts)
     page.goto(f"{server.url}/records/{first}")
+    log_in(page, "not-the-token-0123456789")
+    expect(page.locator("#login-error")).to_contain_text("not one of this service")
+    page.goto(f"{server.url}/records/{first}")
+    expect(page.locator("header a.who")).to_have_text("log in")  # still nobody
     page.locator(".decide .approve").click()
-    expect(page.locator(".decide-msg")).to_have_text("Not done: the bearer token is wrong", timeout=10_000)
-    assert page.evaluate("sessionStorage.getItem('trainmedic-operator-token')") is None
+    expect(page.locator(".decide-msg")).to_contain_text("log in")
     assert r.hget(f"trainmedic:{{node:gpu-node-07}}:rec:{first}", "status") == "pending_approval"
-    # Nothing inline: the buttons work from the service's own script under the page's CSP.
-    resp = page.request.get(f"{server.url}/records/{first}")
-    assert "script-src 'self'" in resp.headers["content-security-policy"] and "onclick" not in resp.text()
+    # Nothing inline: the buttons and the form work from the service's own script under the page's CSP.
+    for path in (f"/records/{first}", "/login"):
+        resp = page.request.get(server.url + path)
+        assert "script-src 'self'" in resp.headers["content-security-policy"] and "onclick" not in resp.text()
+        assert "<script>" not in resp.text()
     ctx.close()
 
 
