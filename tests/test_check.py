@@ -76,8 +76,8 @@ BROKEN = {
         pb("    actions: []\n    cooldown: 10 minutes\n"),
         [(6, f"cooldown: '10 minutes' is not a duration ({HINT})")]),
     "a duration too long": (
-        pb("    actions: []\n    cooldown: 10y\n"),
-        [(6, f"cooldown: '10y' is not a duration ({HINT})")]),
+        pb("    actions: []\n    cooldown: 3651d\n"),
+        [(6, "cooldown: duration '3651d' is too long: the longest duration allowed is 3650d (315360000 seconds)")]),
     "bad budget window": (
         pb("    actions: []\n    max_runs: {count: 3, per: forever}\n"),
         [(6, f"max_runs.per: 'forever' is not a duration ({HINT})")]),

@@ -7,7 +7,7 @@ import re
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from .durations import MAX_SECONDS, PATTERN, parse_duration
+from .durations import MAX_SECONDS, PATTERN, SCHEMA_NOTE, parse_duration
 
 DEFAULT_CHECKPOINT_PATTERNS = (
     "checkpoint-*", "checkpoint_*", "ckpt-*", "ckpt_*", "*.ckpt", "*.pt", "*.pth",
@@ -77,7 +77,7 @@ class Number(Check):
 class Duration(Check):
     """A duration: "90s", "10m", "7d", or a number of seconds."""
 
-    schema = {"oneOf": [{"type": "string", "pattern": PATTERN},
+    schema = {"oneOf": [{"type": "string", "pattern": PATTERN, "description": SCHEMA_NOTE},
                         {"type": "number", "minimum": 0, "maximum": MAX_SECONDS}]}
 
     def __call__(self, name: str, v: Any) -> float:
