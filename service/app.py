@@ -86,7 +86,8 @@ def init_app(app: Flask, settings: Settings) -> None:
     if problem:
         raise ValueError(problem)
     rs = ReconcilerSettings(history_max=settings.history_max, public_url=public_url(settings),
-                            notify_url=settings.notify_url)
+                            notify_url=settings.notify_url, hang_after=settings.hang_after,
+                            resync_after=settings.resync_after)
     dispatcher = Dispatcher(r, Signer.from_secret(settings.signing_key), DispatchSettings(
         dry_run=settings.dry_run, alertmanager_poll=rs.alertmanager_poll if am else None,
         notify=bool(settings.notify_url)))

@@ -187,6 +187,9 @@ HUNG = PREFIX + "hung"
 REJECTED = PREFIX + "rejected"
 # Records the service refused to act on because their hash no longer matched its seal (only it writes this).
 TAMPERED = PREFIX + "tampered"
+# Alerts the resync decided (Alertmanager listed them active; Redis had no episode), and its lease.
+RESYNCED = PREFIX + "resynced"
+RESYNC_LEASE = PREFIX + "resync"
 
 
 def outcomes(status: str, playbook: str) -> str:

@@ -26,7 +26,7 @@ OPEN_ACTION = ("pending", "delivered")
 FINAL_RECORD = ("applied", "partially_applied", "failed", "lost", "skipped", "dry_run", "expired")
 OUTCOMES = ("pending", "effective", "ineffective", "unknown")
 MODES = ("firing", "resolved", "timeout", "manual")
-REQUESTERS = ("webhook", "operator", "reconciler")
+REQUESTERS = ("webhook", "operator", "reconciler", "detector", "resync")
 
 # Annotations are free text of any size: a record keeps up to this much of them (labels are kept whole).
 ANNOTATION_VALUE_MAX = 1024

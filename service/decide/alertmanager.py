@@ -78,6 +78,23 @@ class Alertmanager:
             if not (isinstance(state, dict) and (state.get("status") or {}).get("state") == "expired"):
                 raise exc from None
 
+    def post_alerts(self, alerts: Sequence[Mapping[str, object]]) -> None:
+        """Post alerts as Prometheus does (labels, annotations, startsAt, endsAt). Raises HttpError."""
+        self._call("POST", "/api/v2/alerts", list(alerts))
+
+    def active_alerts(self) -> tuple[list[object], frozenset[str]] | None:
+        """Every alert Alertmanager holds as firing (GET /api/v2/alerts, with its state, silences and
+        inhibitions), and the ids of the silences trainmedic made; None when it cannot be asked now."""
+        try:
+            alerts = self._get("/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true")
+            silences = self._get("/api/v2/silences")
+        except HttpError as exc:
+            log.warning("Alertmanager unavailable, so the resync waits: %s", exc.message)
+            return None
+        if not isinstance(alerts, list):
+            return None
+        return alerts, _own_silence_ids(silences)
+
     def active_fingerprints(self) -> set[str] | None:
         """Fingerprints of the alerts Alertmanager holds as firing (active, silenced or inhibited), or None
         when that cannot be known now (unreachable, or up too briefly to know every alert)."""
@@ -93,6 +110,14 @@ class Alertmanager:
         if not isinstance(alerts, list):
             return None
         return {str(a.get("fingerprint")) for a in alerts if isinstance(a, dict) and a.get("fingerprint")}
+
+
+def _own_silence_ids(silences: object) -> frozenset[str]:
+    """The ids of the silences trainmedic made (createdBy trainmedic) in GET /api/v2/silences' answer."""
+    if not isinstance(silences, list):
+        return frozenset()
+    return frozenset(str(s["id"]) for s in silences
+                     if isinstance(s, Mapping) and s.get("createdBy") == "trainmedic" and s.get("id"))
 
 
 def _utc(dt: datetime) -> str:

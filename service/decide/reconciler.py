@@ -32,6 +32,7 @@ from .dispatch import Dispatcher
 from .followup import AlertView, FollowUp
 from .notify import Notifier
 from .plan import Decision
+from .resync import Resync
 
 log = logging.getLogger("trainmedic.reconciler")
 
@@ -58,6 +59,10 @@ class ReconcilerSettings:
     # Where people reach the service: links in silences and notifications.
     public_url: str = "http://127.0.0.1:9095"
     notify_url: str | None = None
+    # TRAINMEDIC_HANG_AFTER: a live job whose step has not moved this long gets TrainingHang.
+    hang_after: float = 600.0
+    # TRAINMEDIC_RESYNC_AFTER: how long Alertmanager lists an alert as active before the resync may decide it.
+    resync_after: float = 300.0
 
 
 @dataclass
@@ -70,6 +75,10 @@ class TickReport:
     followed: int = 0
     trimmed: int = 0
     reset: bool = False
+    # Decisions of detections and hangs this pass made.
+    detected: int = 0
+    # Records the resync made (alerts active in Alertmanager that Redis had no episode of).
+    resynced: int = 0
 
 
 class Reconciler:
@@ -87,6 +96,11 @@ class Reconciler:
         self.scripts = records.Scripts(r)
         self.followup = FollowUp(r, dispatcher, self.playbooks, alertmanager, Notifier(settings.notify_url),
                                  settings.public_url, Conditions(r, dispatcher, prometheus))
+        # Jobs' detections and hangs: the listener decides detections at once; each pass decides those of the
+        # jobs that marked themselves due (a wake-up nobody heard) and checks for hangs.
+        self.detections = detections or Detections(r, dispatcher, playbooks, alertmanager, settings.hang_after,
+                                                   settings.public_url)
+        self.resync = Resync(r, dispatcher, playbooks, alertmanager, settings.resync_after)
         self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -140,6 +154,9 @@ class Reconciler:
         if report.changed:
             # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
             self.r.zrem(keys.APPROVALS, *(rid for rid, _ in report.changed))
+        report.detected += len(self.detections.scan_hangs(now))
+        if self.resync.due():
+            report.resynced = len(self.resync.run(now))
         report.trimmed = self._retention(now)
         for rid, status in report.changed:
             if self.on_change is not None:

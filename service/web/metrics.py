@@ -135,7 +135,8 @@ class RedisCollector(Collector):
         pipe.hgetall(keys.REJECTED)
         pipe.get(keys.RESETS)
         pipe.get(keys.TAMPERED)
-        *counts, pending_approval, rejected, resets, tampered = pipe.execute()
+        pipe.get(keys.RESYNCED)
+        *counts, pending_approval, rejected, resets, tampered, resynced = pipe.execute()
         live = dict(zip(keys.TARGET_KINDS, (int(n) for n in counts)))
 
         acked: dict[tuple[str, str], int] = defaultdict(int)
@@ -180,7 +181,11 @@ class RedisCollector(Collector):
         tampered_f = CounterMetricFamily("trainmedic_records_tampered",
                                          "Records the service refused to act on because their stored steps no "
                                          "longer matched what it decided.", value=int(tampered or 0))
-        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f, tampered_f,
+        resynced_f = CounterMetricFamily("trainmedic_resynced",
+                                         "Alerts the resync decided: Alertmanager listed them as active and Redis "
+                                         "had no episode of them (writes lost in a crash, or an empty Redis).",
+                                         value=int(resynced or 0))
+        return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f, tampered_f, resynced_f,
                 *self._outcomes()]
 
     def _outcomes(self) -> list[Metric]:
