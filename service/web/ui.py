@@ -23,10 +23,31 @@ from .common import ext as _ext, live_targets
 
 bp = Blueprint("ui", __name__, template_folder="templates")
 
-ICONS = {"applied": "✓", "partially_applied": "◐", "failed": "✗", "dispatched": "➜", "delivered": "➜",
-         "pending": "…", "pending_approval": "⏸", "dry_run": "◌", "skipped": "–", "unsupported": "⊘",
-         "expired": "⌛", "lost": "⚠"}
-OUTCOME_ICONS = {"pending": "…", "effective": "✓", "ineffective": "✗", "unknown": "?"}
+# Icons are inline SVG drawn in the text's colour (class "f" parts filled): a font without a glyph for a symbol
+# such as U+23F8 draws an empty box, and which fonts a browser has is not ours to choose.
+_SHAPES = {
+    "check": '<path d="M3 8.5l3.2 3.2L13 4.8"/>',
+    "cross": '<path d="M4 4l8 8M12 4l-8 8"/>',
+    "half": '<circle cx="8" cy="8" r="5.5"/><path class="f" d="M8 2.5a5.5 5.5 0 0 1 0 11z"/>',
+    "arrow": '<path d="M2.5 8h10M9 4.5L12.5 8 9 11.5"/>',
+    "dots": '<circle class="f" cx="3.5" cy="8" r="1.4"/><circle class="f" cx="8" cy="8" r="1.4"/>'
+            '<circle class="f" cx="12.5" cy="8" r="1.4"/>',
+    "pause": '<path d="M5.5 3.5v9M10.5 3.5v9"/>',
+    "dashed": '<circle cx="8" cy="8" r="5.5" stroke-dasharray="2.2 2.1"/>',
+    "dash": '<path d="M4 8h8"/>',
+    "blocked": '<circle cx="8" cy="8" r="5.5"/><path d="M4.2 11.8l7.6-7.6"/>',
+    "clock": '<circle cx="8" cy="8" r="5.5"/><path d="M8 5v3.3l2.2 1.4"/>',
+    "warning": '<path d="M8 2.5l6 11H2zM8 6.8v3"/><circle class="f" cx="8" cy="11.6" r=".9"/>',
+    "question": '<path d="M5.6 6.2a2.4 2.4 0 1 1 3.4 2.2c-.7.3-1 .8-1 1.5v.3"/>'
+                '<circle class="f" cx="8" cy="12.4" r=".9"/>',
+    "caret": '<path d="M6 3.5l4.5 4.5L6 12.5"/>',
+}
+ICONS = {"applied": "check", "partially_applied": "half", "failed": "cross", "dispatched": "arrow",
+         "delivered": "arrow", "pending": "dots", "pending_approval": "pause", "dry_run": "dashed", "skipped": "dash",
+         "unsupported": "blocked", "expired": "clock", "lost": "warning"}
+OUTCOME_ICONS = {"pending": "dots", "effective": "check", "ineffective": "cross", "unknown": "question"}
+_SVG = {name: Markup(f'<svg class="ico" viewBox="0 0 16 16" aria-hidden="true" focusable="false">{shape}</svg>')
+        for name, shape in _SHAPES.items()}
 FILTERS = history.FILTERS
 TARGET_PAGE_RECORDS = 200
 HTML = {"Content-Type": "text/html; charset=utf-8"}
@@ -50,7 +71,7 @@ def _page(template: str, **context: Any) -> bytes:
 
 
 def _common(now: float) -> dict:
-    return {"now": now, "icons": ICONS, "reset_at": _reset_at(),
+    return {"now": now, "reset_at": _reset_at(),
             "refresh_seconds": int(current_app.config.get("UI_REFRESH_SECONDS", 10))}
 
 
@@ -136,7 +157,13 @@ def record(rid: str) -> Any:
     around = None
     if not rec.get("on_resolved"):
         around = metric_chart.around(ext.redis, ext.prometheus, rec, ladder, now)
-    return _page("record.html", **_common(now), rec=rec, ladder=ladder, around=around), 200, HTML
+    # A held record says what approving sends, and which of it the target's live process could not apply now.
+    live = None
+    if rec.get("status") == "pending_approval":
+        t = rec.get("target") or {}
+        live = next((x for x in live_targets(ext.redis) if x["kind"] == t.get("kind") and x["name"] == t.get("name")),
+                    None)
+    return _page("record.html", **_common(now), rec=rec, ladder=ladder, around=around, live=live), 200, HTML
 
 
 def _ladder(r: Any, rec: dict) -> list[dict]:
@@ -181,17 +208,76 @@ def target_url(kind: str, name: str) -> str:
 
 
 @bp.app_template_global()
+def icon(name: str) -> Markup:
+    """An inline SVG icon by its shape's name (caret, check...); nothing for an unknown name."""
+    return _SVG.get(name, Markup(""))
+
+
+@bp.app_template_global()
 def badge(status: Any, cls: str = "badge") -> Markup:
     """A record's or an action's status with its icon."""
     s = str(status)
-    return Markup(f'<span class="{escape(cls)} st-{escape(s)}">{escape(ICONS.get(s, ""))} {escape(word(s))}</span>')
+    return Markup(f'<span class="{escape(cls)} st-{escape(s)}">{icon(ICONS.get(s, ""))}{escape(word(s))}</span>')
+
+
+@bp.app_template_global()
+def action_chip(a: dict) -> Markup:
+    """An action of a history row: its name, with its status as icon, colour and tooltip."""
+    s, name = str(a.get("status")), str(a.get("action"))
+    return Markup(f'<span class="chip st-{escape(s)}" title="{escape(name)}: {escape(word(s))}">'
+                  f'{icon(ICONS.get(s, ""))}{escape(name)}</span>')
 
 
 @bp.app_template_global()
 def outcome_badge(o: Any, cls: str = "badge") -> Markup:
     """A record's outcome with its icon."""
     s = str(o.get("status", "")) if isinstance(o, dict) else ""
-    return Markup(f'<span class="{escape(cls)} oc-{escape(s)}">{escape(OUTCOME_ICONS.get(s, ""))} {escape(s)}</span>')
+    return Markup(f'<span class="{escape(cls)} oc-{escape(s)}">{icon(OUTCOME_ICONS.get(s, ""))}{escape(s)}</span>')
+
+
+@bp.app_template_filter("stamp_text")
+def stamp_text(text: Any) -> str:
+    """A stored RFC 3339 time (to the nanosecond, from Alertmanager) as a person reads it: to the second, UTC."""
+    t = charts.parse_time(text) if isinstance(text, str) else None
+    return when(t) if t is not None else str(text or "—")
+
+
+@bp.app_template_global()
+def stamp(text: Any) -> Markup:
+    """stamp_text in a <time> element that keeps the exact stored value."""
+    if not isinstance(text, str) or charts.parse_time(text) is None:
+        return Markup(escape(stamp_text(text)))
+    return Markup(f'<time datetime="{escape(text)}">{escape(stamp_text(text))}</time>')
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[_.])")
+
+
+@bp.app_template_filter("soft")
+def soft(text: Any) -> Markup:
+    """A name with line-break chances between its words (GPUMemory<wbr>Usage<wbr>High, a_<wbr>b), so that a
+    narrow column wraps it where a person would rather than cutting it or splitting a word."""
+    return Markup("<wbr>").join(escape(part) for part in _CAMEL.split(str(text)))
+
+
+@bp.app_template_filter("from_now")
+def from_now(text: Any, now: float) -> str:
+    """How long until an RFC 3339 time: "in 3 h 59 min", or "now past"."""
+    t = charts.parse_time(text) if isinstance(text, str) else None
+    if t is None:
+        return ""
+    return f"in {duration(t - now)}" if t > now else "now past"
+
+
+@bp.app_template_global()
+def params_list(params: Any) -> Markup:
+    """An action's parameters, one per line as name and JSON value: exactly what is sent, split between words
+    only (a JSON block squeezed into a table column broke its keys mid-word)."""
+    if not isinstance(params, dict) or not params:
+        return Markup('<span class="muted">none</span>')
+    rows = "".join(f'<div><span class="k">{escape(k)}</span> <span class="v">'
+                   f'{escape(json.dumps(v, sort_keys=True, default=str))}</span></div>' for k, v in params.items())
+    return Markup(f'<div class="params">{rows}</div>')
 
 
 @bp.app_template_global()
