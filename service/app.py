@@ -17,6 +17,7 @@ from trainmedic.client.wire.redis import connect
 from trainmedic.client.wire.signing import Signer
 
 from .decide.alertmanager import Alertmanager
+from .decide.detections import Detections
 from .decide.dispatch import DispatchSettings, Dispatcher
 from .decide.reconciler import Reconciler, ReconcilerSettings
 from .errors import MAX_BODY, TrainmedicError
@@ -93,8 +94,10 @@ def init_app(app: Flask, settings: Settings) -> None:
         notify=bool(settings.notify_url)))
     prometheus = Prometheus(settings.prometheus_url) if settings.prometheus_url else None
     metrics = Metrics()
+    detections = Detections(r, dispatcher, playbooks, am, settings.hang_after, rs.public_url,
+                            on_outcomes=metrics.remediations)
     reconciler = Reconciler(r, dispatcher, playbooks, rs, alertmanager=am, prometheus=prometheus,
-                            on_change=metrics.ended)
+                            on_change=metrics.ended, detections=detections)
     try:
         reconciler.mark_epoch()
         records.load_scripts(r)  # trainers and agents may run the scripts, not load them

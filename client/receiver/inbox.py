@@ -52,7 +52,19 @@ class Reapplied:
     by: str
 
 
-Outgoing = Ack | Release | Reapplied
+@dataclass(frozen=True)
+class Detection:
+    """A detection of the job's in-loop detectors that began (firing) or cleared (resolved), for the service."""
+
+    alertname: str
+    status: str
+    starts_at: str
+    ends_at: str
+    step: int | None
+    value: float | None
+
+
+Outgoing = Ack | Release | Reapplied | Detection
 Ready = Entry | Ledger
 
 
@@ -310,3 +322,5 @@ class Inbox:
                 mb.release(x.record_id)
             elif isinstance(x, Reapplied):
                 mb.reapply(x.record_id, x.index, x.at, x.step, x.by)
+            elif isinstance(x, Detection):
+                mb.detect(x.alertname, x.status, x.starts_at, x.ends_at, x.step, x.value)

@@ -9,7 +9,8 @@ from typing import Any
 from collections.abc import Iterable
 
 from ..wire import keys, records
-from ..wire.protocol import HEARTBEAT_TTL, LIVE_WINDOW, Ack, Command, ProtocolError, dumps
+from ..wire.protocol import (DETECTED, HEARTBEAT_TTL, LIVE_WINDOW, SIGNALS_TTL, Ack, Command, ProtocolError, dumps,
+                             signals_line)
 from ..wire.redis import run_scripts
 from ..wire.signing import Verifier
 
@@ -17,6 +18,9 @@ log = logging.getLogger("trainmedic.mailbox")
 
 CURSOR_TTL = 30 * 86400.0
 MAILBOX_MAXLEN = 100
+# The job's detections stream: a few dozen entries and two days are far more than the service needs.
+DETECTIONS_MAXLEN = 100
+DETECTIONS_TTL = 2 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,20 @@ class Mailbox:
                     entry.get("rid"), why)
         return None
 
+    def detect(self, alertname: str, status: str, starts_at: str, ends_at: str, step: int | None,
+               value: float | None) -> None:
+        """Hand a detection to the service: append it to the job's own stream, mark the job due (the
+        reconciler's look) and wake the service on the job's own channel (its look now)."""
+        fields = {"alertname": alertname, "status": status, "starts_at": starts_at, "ends_at": ends_at,
+                  "step": "" if step is None else str(step), "value": "" if value is None else repr(float(value))}
+        key = keys.detections(self.target)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xadd(key, fields, maxlen=DETECTIONS_MAXLEN, approximate=True)
+        pipe.pexpire(key, int(DETECTIONS_TTL * 1000))
+        pipe.zadd(keys.DUE, {self.target.label: int(time.time() * 1000)}, lt=True)
+        pipe.publish(keys.wake_channel(self.target), DETECTED)
+        pipe.execute()
+
     def count_refused(self, reason: str, n: int = 1) -> None:
         """Count commands this applier refused (or answered without applying), for /metrics."""
         self.r.hincrby(keys.REJECTED, reason, n)
@@ -145,4 +163,7 @@ class Mailbox:
         pipe.zadd(keys.live(self.target.kind), {self.target.label: int((now + min(ttl, LIVE_WINDOW)) * 1000)})
         if first:
             pipe.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
+        signals = info.get("signals")
+        if isinstance(signals, dict):
+            pipe.set(keys.signals(self.target), signals_line(signals), px=int(SIGNALS_TTL * 1000))
         pipe.execute()

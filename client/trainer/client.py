@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
+import time
 from typing import Any
 from collections.abc import Callable
 
 from ..receiver.applier import ActionSkipped, ActionUnsupported, Applier, Interrupted, Invocation
-from ..receiver.inbox import Inbox, Ledger, Reapplied, Release
+from ..receiver.inbox import Detection, Inbox, Ledger, Reapplied, Release
 from ..receiver.mailbox import Entry
 from ..settings import Settings
 from ..wire import keys
@@ -18,13 +20,17 @@ from ..wire.protocol import Ack, Command, parse_rfc3339, rfc3339
 from ..wire.redis import redis_url
 from ..wire.signing import SigningError, verifier_from
 from . import lr as lrmod
-from .distributed import Delivery, Ranks, env_rank
+from .detect import ALERTS, NAN, SPIKE, DetectSettings, Detector
+from .distributed import NONE, Delivery, Ranks, env_rank
 from .identity import job_name
 from .state import STATE_VERSION, AppliedState
 
 log = logging.getLogger("trainmedic.client")
 
 Handler = Callable[[dict[str, Any]], Any]
+
+# A tensor passed to poll() is read (a device synchronisation) on one call in this many, never on the others.
+TENSOR_EVERY = 10
 
 
 class RemediationClient:
@@ -33,7 +39,7 @@ class RemediationClient:
     def __init__(self, job: str | None = None, redis_url: str | None = None, optimizer: Any = None,
                  scheduler: Any = None, *, sync_every: int = 1, heartbeat_interval: float = 5.0,
                  max_backoff: float = 5.0, redis_timeout: float = 2.0, start: bool = True,
-                 verify_key: str | None = None):
+                 verify_key: str | None = None, detect: Any = True):
         settings = Settings.from_env()
         try:
             self.job = job_name(job, os.environ)
@@ -47,9 +53,29 @@ class RemediationClient:
             verifier = verifier_from([verify_key] if verify_key else settings.verify_keys)
         except SigningError as exc:
             raise ValueError(f"RemediationClient: {exc}") from None
+        try:
+            detect_settings = DetectSettings.of(detect)
+        except ValueError as exc:
+            raise ValueError(f"RemediationClient: {exc}") from None
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.sync_every = sync_every
+        # Training signals (CONTRACT "Training signals"): the latest this process was given.
+        self.loss: float | None = None
+        self.grad_norm: float | None = None
+        self.samples = 0.0  # samples processed, as poll(samples=) counted them
+        self._sampled = False
+        self._tensor_calls = 0
+        self._detector = Detector(detect_settings) if detect_settings is not None else None
+        # Rank 0: the job's detections it raised and has not resolved (alertname -> startsAt), and what the ranks
+        # reported at the last collective (highest loss, highest grad norm, fewest samples).
+        self._alerts: dict[str, str] = {}
+        self._job: tuple[float | None, float | None, float | None] | None = None
+        # The heartbeat thread's view of progress: the step it last saw, since when, and the samples rate.
+        self._beat_step: int | None = None
+        self._step_since = 0.0
+        self._beat_samples: tuple[float, float] | None = None
+        self._sps: float | None = None
         self.target = keys.Target("job", self.job)
         self.step: int | None = None
         self._warned: set[str] = set()
@@ -139,10 +165,27 @@ class RemediationClient:
         return started if started is not None else inv.command.issued_at
 
     # -- the hot path
-    def poll(self, step: int | None = None) -> list[Ack]:
-        """Apply pending commands (never raises, never waits on the network); returns their acks."""
+    def poll(self, step: int | None = None, loss: Any = None, grad_norm: Any = None,
+             samples: Any = None) -> list[Ack]:
+        """Apply pending commands (never raises, never waits on the network); returns their acks.
+
+        loss (a float or a 0-dim tensor), grad_norm and samples (processed since the last call) are the
+        step's training signals: the heartbeat reports them and the detectors judge the loss. A tensor is
+        read on one call in TENSOR_EVERY only, so the other steps add no device synchronisation.
+        """
         if step is not None:
             self.step = step
+        if loss is not None:
+            if type(loss) is float and grad_norm is None and samples is None:
+                # A float loss, the common case, judged here: a method call less per step.
+                self.loss = loss
+                d = self._detector
+                if d is not None and d.observe(loss) and self._ranks.world == 1:
+                    self._signal(None, None, None)
+            else:
+                self._signal(loss, grad_norm, samples)
+        elif grad_norm is not None or samples is not None:
+            self._signal(None, grad_norm, samples)
         # The idle step of a single process: two attribute reads, nothing else (the loop is sacred).
         if self._solo and not self._ready:
             return []
@@ -153,7 +196,8 @@ class RemediationClient:
                 if not self._ranks.due(step, self.sync_every):
                     return []
                 with self._lock:
-                    deliveries = self._ranks.exchange(self._take)
+                    deliveries, job = self._ranks.exchange(self._take, self._local_signals())
+                    self._job_signals(job)
                     return self._apply_all(deliveries, ranked=True) if deliveries else []
             if not self._ready:
                 return []
@@ -164,6 +208,93 @@ class RemediationClient:
         except Exception as exc:  # the training loop is sacred
             self._warn_once("poll", "trainmedic: poll failed (%s: %s); training continues", type(exc).__name__, exc)
             return []
+
+    # -- training signals and detections
+    def _signal(self, loss: Any, grad_norm: Any, samples: Any) -> None:
+        """Take the step's signals (all None: a single process's detections changed, raise them)."""
+        try:
+            if loss is None and grad_norm is None and samples is None:
+                d = self._detector
+                if d is not None:
+                    self._raise(d.nan, d.spike, self.loss)
+                return
+            self._signals(loss, grad_norm, samples)
+        except Exception as exc:  # the training loop is sacred
+            self._warn_once("signal", "trainmedic: could not read a training signal (%s: %s); training continues",
+                            type(exc).__name__, exc)
+
+    def _signals(self, loss: Any, grad_norm: Any, samples: Any) -> None:
+        """Signals other than a lone float loss: numbers at once, tensors on one call in TENSOR_EVERY."""
+        tensors = [x for x in (loss, grad_norm, samples) if x is not None and not isinstance(x, (int, float))]
+        due = False
+        if tensors:
+            self._tensor_calls += 1
+            due = self._tensor_calls >= TENSOR_EVERY
+            if due:
+                self._tensor_calls = 0
+
+        def value(x: Any) -> float | None:
+            if isinstance(x, (int, float)):
+                return float(x)
+            return float(x.item()) if due else None
+
+        if samples is not None:
+            n = value(samples)
+            if n is not None:
+                # A tensor count read once stands for the calls since the last read.
+                self.samples += n if isinstance(samples, (int, float)) else n * TENSOR_EVERY
+                self._sampled = True
+        if grad_norm is not None:
+            g = value(grad_norm)
+            if g is not None:
+                self.grad_norm = g
+        if loss is not None:
+            v = value(loss)
+            if v is not None:
+                self.loss = v
+                d = self._detector
+                if d is not None and d.observe(v) and self._ranks.world == 1:
+                    self._raise(d.nan, d.spike, v)
+
+    def _local_signals(self) -> list[float]:
+        """This rank's part of the collective: detections, loss, grad norm and samples (NONE when unknown)."""
+        d = self._detector
+        loss = self.loss if self.loss is not None and math.isfinite(self.loss) else NONE
+        return [float(d.nan) if d else 0.0, float(d.spike) if d else 0.0, loss,
+                self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else NONE,
+                -self.samples if self._sampled else NONE]
+
+    def _job_signals(self, job: list[float] | None) -> None:
+        """What the ranks agreed at the collective: rank 0 raises or resolves the job's detections."""
+        if job is None:
+            return
+        nan, spike, loss, grad, neg_samples = job
+        self._job = (loss if loss != NONE else None, grad if grad != NONE else None,
+                     -neg_samples if neg_samples != NONE else None)
+        self._raise(nan > 0, spike > 0, self.loss)
+
+    def _raise(self, nan: bool, spike: bool, value: float | None) -> None:
+        """Send the job's detections that began or cleared (rank 0 only: one alert per job)."""
+        if self._inbox is None:
+            return
+        for name, on in ((NAN, nan), (SPIKE, spike)):
+            if on and name not in self._alerts:
+                self._alerts[name] = start = rfc3339()
+                self._inbox.send([Detection(name, "firing", start, "", self.step, value)])
+                log.warning("trainmedic: %s detected in %s at step %s (loss %s)", name, self.job, self.step, value,
+                            extra={"target": self.target.label, "alertname": name})
+            elif not on and name in self._alerts:
+                self._inbox.send([Detection(name, "resolved", self._alerts.pop(name), rfc3339(), self.step, value)])
+                log.info("trainmedic: %s of %s cleared at step %s", name, self.job, self.step,
+                         extra={"target": self.target.label, "alertname": name})
+
+    @property
+    def detected(self) -> tuple[str, ...]:
+        """The detections this process sees now (of the job, on rank 0 under torch.distributed)."""
+        if self._inbox is not None:
+            return tuple(a for a in ALERTS if a in self._alerts)
+        d = self._detector
+        return tuple(a for a, on in ((NAN, d is not None and d.nan), (SPIKE, d is not None and d.spike)) if on)
 
     def _late_ranks(self) -> None:
         # The process group may have been initialised after this client was made: look once.
@@ -273,7 +404,30 @@ class RemediationClient:
                 info["lr"] = lrmod.current_lrs(self.optimizer)
             except Exception:  # the optimizer is the loop's; a torn read is not worth a log line
                 pass
+        signals = self._beat_signals(info.get("lr"))
+        if signals is not None:
+            info["signals"] = signals
         return info
+
+    def _beat_signals(self, lrs: Any) -> dict[str, Any] | None:
+        """The job's latest signals for the heartbeat: rank 0's step and LR, the ranks' highest loss and grad
+        norm and lowest throughput; and since when the step has not moved (the service judges hangs by it)."""
+        now = time.time()
+        step = self.step
+        if step != self._beat_step:
+            self._beat_step, self._step_since = step, now
+        loss, grad, samples = self._job if self._job is not None else (
+            self.loss, self.grad_norm, self.samples if self._sampled else None)
+        if samples is not None:
+            prev = self._beat_samples
+            if prev is not None and now > prev[1] and samples >= prev[0]:
+                self._sps = (samples - prev[0]) / (now - prev[1])
+            self._beat_samples = (samples, now)
+        if step is None and loss is None:
+            return None
+        lr = lrs[0] if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) else None
+        return {"step": step, "step_since": round(self._step_since, 3), "loss": loss, "learning_rate": lr,
+                "samples_per_second": self._sps, "grad_norm": grad}
 
     # -- lifecycle
     def close(self) -> None:

@@ -10,6 +10,12 @@ from collections.abc import Callable, Sequence
 
 from trainmedic.client.wire.protocol import ACK_STATUSES, Command, ProtocolError
 
+# A rank's training signal it does not know, in the collective's MAX (every known value is above it).
+NONE = float("-inf")
+# What a rank adds to the collective besides rank 0's payload size: its detections (NaN, spike: 0 or 1), its
+# latest loss, its grad norm and minus the samples it processed (MAX of those: the fewest samples).
+SIGNALS = 5
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -40,7 +46,6 @@ class Ranks:
         self.world = world
         self.calls = 0
         self._device: Any = None
-        self._size: Any = None
         self._announced: list[Delivery] = []  # rank 0: taken from the inbox, not yet handed to the ranks
         self._payload = b""
 
@@ -68,11 +73,15 @@ class Ranks:
             # NCCL moves only CUDA tensors; gloo (and mpi) move CPU ones. Same code path otherwise.
             nccl = dist.get_backend() == "nccl"
             self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-            self._size = torch.zeros(1, dtype=torch.int64, device=self._device)
         return torch, dist
 
-    def exchange(self, take: Callable[[], list[Delivery]]) -> list[Delivery]:
-        """All ranks receive rank 0's pending deliveries now (take() runs on rank 0 only).
+    def exchange(self, take: Callable[[], list[Delivery]],
+                 signals: Sequence[float] | None = None) -> tuple[list[Delivery], list[float]]:
+        """All ranks receive rank 0's pending deliveries now (take() runs on rank 0 only), and what the ranks
+        report together: the MAX over ranks of each of this rank's `signals` (SIGNALS values, NONE unknown).
+
+        The payload size and the signals travel in one small all-reduce (the collective the ranks meet at
+        anyway), so a detection on any rank is known to every rank at the same step, with no extra wait.
 
         Synchronous on purpose: an asynchronous announcement left in flight between steps was measured
         3-8x cheaper, but with torch 2.13's gloo a process group destroyed right after a barrier that
@@ -85,10 +94,12 @@ class Ranks:
             self._payload = json.dumps([[d.entry_id, d.command.to_json() if d.command else None, d.error, d.expired,
                                          list(d.ledger) if d.ledger is not None else None]
                                         for d in self._announced]).encode() if self._announced else b""
-            self._size.fill_(len(self._payload))
-        dist.broadcast(self._size, 0)  # the whole cost of an idle sync: one 8-byte broadcast
-        n = int(self._size.item())
-        return self._receive(n) if n else []
+        size = float(len(self._payload)) if self.rank == 0 else 0.0
+        mine = list(signals) if signals is not None else [NONE] * SIGNALS
+        vec = torch.tensor([size, *mine], dtype=torch.float64).to(self._device)
+        dist.all_reduce(vec, op=dist.ReduceOp.MAX)  # the whole cost of an idle sync: one 48-byte all-reduce
+        n, *job = vec.tolist()
+        return (self._receive(int(n)) if n else []), job
 
     def _receive(self, n: int) -> list[Delivery]:
         torch, dist = self._tensors()

@@ -52,6 +52,37 @@ def wake_channel(t: Target) -> str:
     return f"{PREFIX}{t.tag}:wake"
 
 
+def detections(t: Target) -> str:
+    """Stream: the job's detections (firing and resolved), written by its training client, read by the service."""
+    return f"{PREFIX}{t.tag}:detections"
+
+
+def detections_cursor(t: Target) -> str:
+    """String: the id of the job's last detection the service decided."""
+    return f"{PREFIX}{t.tag}:detections:cursor"
+
+
+def detection_claim(t: Target, entry_id: str) -> str:
+    """String: which service process decides one detection (the first to set it)."""
+    return f"{PREFIX}{t.tag}:detections:claim:{entry_id}"
+
+
+def signals(t: Target) -> str:
+    """String: the job's latest training signals, as its heartbeat wrote them (GET /metrics, hang checks)."""
+    return f"{PREFIX}{t.tag}:signals"
+
+
+def wake_target(channel: str) -> Target | None:
+    """The target whose wake-up channel this is (wake_channel's inverse), or None."""
+    if not (channel.startswith(PREFIX + "{") and channel.endswith("}:wake")):
+        return None
+    return parse_label(channel[len(PREFIX) + 1:-len("}:wake")])
+
+
+# Every job's wake-up channel, for PSUBSCRIBE: the service hears a job's detections on it.
+JOB_WAKE_PATTERN = PREFIX + "{job:*}:wake"
+
+
 def cursor(t: Target) -> str:
     return f"{PREFIX}{t.tag}:cursor"
 

@@ -15,6 +15,35 @@ ACK_STATUSES = ("applied", "failed", "unsupported", "expired", "skipped")
 # A target is live while its heartbeat is this recent (GET /targets, metrics, the reconciler).
 LIVE_WINDOW = 60.0
 HEARTBEAT_TTL = 30.0
+# A job's training signals outlive its last heartbeat this long (its series leave /metrics then).
+SIGNALS_TTL = 120.0
+# What a training client publishes on its own wake-up channel when it wrote a detection (commands are
+# announced there by their record ids, which never look like this).
+DETECTED = "detected"
+# The fields of a signals line, in order ("-" where unknown).
+SIGNAL_FIELDS = ("step", "step_since", "loss", "learning_rate", "samples_per_second", "grad_norm")
+
+
+def signals_line(signals: dict[str, Any]) -> str:
+    """A heartbeat's signals as one short line: step, since when (ms), loss, LR, samples/s, grad norm."""
+    out = []
+    for name in SIGNAL_FIELDS:
+        v = signals.get(name)
+        if name == "step_since" and isinstance(v, (int, float)):
+            v = int(v * 1000)
+        out.append(repr(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-")
+    return " ".join(out)
+
+
+def parse_signals(text: str) -> tuple[float | None, ...] | None:
+    """A signals line's values (None where unknown), or None for a line that is not one."""
+    parts = text.split(" ")
+    if len(parts) != len(SIGNAL_FIELDS):
+        return None
+    try:
+        return tuple(None if p == "-" else float(p) for p in parts)
+    except ValueError:
+        return None
 
 
 # The last whole second formatted, and its text up to the fraction: most calls fall in the same second.

@@ -28,6 +28,7 @@ from ..rules.targets import Resolution
 from ..prometheus import Prometheus
 from .alertmanager import Alertmanager
 from .deferred import Conditions
+from .detections import Detections
 from .dispatch import Dispatcher
 from .followup import AlertView, FollowUp
 from .notify import Notifier
@@ -86,7 +87,8 @@ class Reconciler:
 
     def __init__(self, r: Any, dispatcher: Dispatcher, playbooks: Sequence[Playbook],
                  settings: ReconcilerSettings = ReconcilerSettings(), alertmanager: Alertmanager | None = None,
-                 on_change: Callable[[str, str], None] | None = None, prometheus: Prometheus | None = None):
+                 on_change: Callable[[str, str], None] | None = None, prometheus: Prometheus | None = None,
+                 detections: Detections | None = None):
         self.r = r
         self.dispatcher = dispatcher
         self.playbooks = {p.name: p for p in playbooks}
@@ -150,6 +152,8 @@ class Reconciler:
             for rid in done.follow:
                 self._follow(target, rid, now, view)
             report.followed += len(done.follow)
+            if target.kind == "job":
+                report.detected += len(self.detections.handle(target))
             self._reschedule(target, label)
         if report.changed:
             # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
@@ -262,10 +266,12 @@ class Reconciler:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="trainmedic-reconciler", daemon=True)
             self._thread.start()
+            self.detections.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self.detections.stop(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
 

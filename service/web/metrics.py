@@ -31,6 +31,7 @@ from trainmedic.client.wire.redis import is_cluster
 
 from .. import outcomes
 from ..rules.alerts import AlertGroup
+from ..signals import metrics_text as training_signals
 
 log = logging.getLogger("trainmedic.metrics")
 bp = Blueprint("metrics", __name__)
@@ -246,6 +247,11 @@ def registry_for(r: redis.Redis) -> CollectorRegistry:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    """Prometheus text format: every worker's counters plus what Redis holds."""
-    registry = registry_for(current_app.extensions["trainmedic"].redis)
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    """Prometheus text format: every worker's counters plus what Redis holds, and every job's training signals."""
+    r = current_app.extensions["trainmedic"].redis
+    body = generate_latest(registry_for(r))
+    try:
+        body += training_signals(r)
+    except redis.RedisError as exc:  # trainmedic_redis_up says so already; the rest of the scrape still answers
+        log.warning("metrics: training signals unavailable: %s", exc)
+    return Response(body, mimetype=CONTENT_TYPE_LATEST)

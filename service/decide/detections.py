@@ -1,0 +1,266 @@
+"""Detections: what training clients detect in the loop, and the hangs the service sees, decided at once.
+
+A client appends a detection to its job's own stream (keys.detections) and publishes on its job's own wake-up
+channel; a listener here hears it at once and decides it as if Alertmanager had delivered it, with
+`requested_by: detector`. The job name always comes from the stream's key, never from what the job wrote, so
+a job can raise alerts only about itself. The reconciler also looks at every job that marked itself due, so
+a wake-up lost while no listener ran is decided within its next pass.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import DETECTED, parse_rfc3339, rfc3339
+
+from .. import signals
+from ..http import HttpError
+from ..rules.alerts import Alert, episode_start
+from ..rules.playbooks import Playbook
+from ..rules.targets import resolve
+from .alertmanager import Alertmanager
+from .dispatch import Dispatcher, Outcome
+from .plan import Decision
+
+log = logging.getLogger("trainmedic.detections")
+
+NAN, SPIKE, HANG = "TrainingLossNaN", "TrainingLossSpike", "TrainingHang"
+# The alerts a job's client may raise about itself, and their severity (CONTRACT "Detectors in the loop").
+CLIENT_ALERTS = {NAN: "critical", SPIKE: "critical"}
+SEVERITY = {**CLIENT_ALERTS, HANG: "warning"}
+# One detection is decided by the first service process that claims it; the claim outlives any retry.
+CLAIM_TTL = 600.0
+CURSOR_TTL = 2 * 86400.0
+# A firing detection posted to Alertmanager ends by itself this long after, if no resolve is posted (the
+# client that would resolve it may be gone); as long as the playbooks' default resolve_timeout.
+POST_ENDS_AFTER = 12 * 3600.0
+HANG_SCAN_INTERVAL = 10.0
+
+# Alertmanager's fingerprint of a label set (prometheus/common model.LabelSet.Fingerprint): 64-bit FNV-1a
+# over each label, sorted by name, as name, 0xff, value, 0xff; printed as 16 hex digits.
+_FNV_OFFSET, _FNV_PRIME, _MASK = 14695981039346656037, 1099511628211, (1 << 64) - 1
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    """The fingerprint Alertmanager gives an alert with these labels."""
+    h = _FNV_OFFSET
+    for name in sorted(labels):
+        for byte in name.encode() + b"\xff" + labels[name].encode() + b"\xff":
+            h = ((h ^ byte) * _FNV_PRIME) & _MASK
+    return f"{h:016x}"
+
+
+def labels_of(target: keys.Target, alertname: str) -> dict[str, str]:
+    """The labels of a detection (CONTRACT): alertname, job_name, severity, source."""
+    return {"alertname": alertname, "job_name": target.name, "severity": SEVERITY[alertname],
+            "source": "trainmedic"}
+
+
+class Detections:
+    """Decides jobs' detections and hangs; its listener thread hears detections as they are written."""
+
+    def __init__(self, r: Any, dispatcher: Dispatcher, playbooks: Sequence[Playbook],
+                 alertmanager: Alertmanager | None = None, hang_after: float = 600.0, public_url: str = "",
+                 on_outcomes: Callable[[list[Outcome]], None] | None = None):
+        self.r = r
+        self.dispatcher = dispatcher
+        self.playbooks = list(playbooks)
+        self.alertmanager = alertmanager
+        self.hang_after = hang_after
+        self.public_url = public_url
+        self.on_outcomes = on_outcomes
+        self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._next_scan = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    # -- deciding one detection
+    def decide(self, target: keys.Target, alertname: str, status: str, starts_at: str, ends_at: str = "",
+               summary: str = "") -> list[Outcome]:
+        """Decide a detection of `target` as Alertmanager's notification of it would be, then post it there."""
+        labels = labels_of(target, alertname)
+        notes = {"summary": summary} if summary else {}
+        alert = Alert(status=status, labels=labels, annotations=notes, starts_at=starts_at,
+                      ends_at=ends_at, fingerprint=fingerprint(labels), episode_start=episode_start(starts_at),
+                      generator_url=self.public_url)
+        decisions = [Decision(pb, status, alert, resolve(pb.target, labels), requested_by="detector")
+                     for pb in self.playbooks if pb.matches(labels)]
+        outcomes = self.dispatcher.execute(decisions)
+        for o in outcomes:
+            if o.new:
+                log.info("remediation %s: playbook %s on %s for %s detected (%s): %s%s", o.record_id, o.playbook,
+                         target.label, alertname, status, o.status, f" ({o.reason})" if o.reason else "",
+                         extra={"remediation_id": o.record_id, "fingerprint": o.fingerprint,
+                                "target": target.label, "alertname": alertname})
+        if self.on_outcomes is not None and outcomes:
+            self.on_outcomes(outcomes)
+        self._post(alert)
+        return outcomes
+
+    def _post(self, alert: Alert) -> None:
+        """Show the detection in Alertmanager with the same labels and start, so its notification of it is a
+        resend of the episode decided here (CONTRACT Guarantees 1). Never holds up a decision for long."""
+        if self.alertmanager is None:
+            return
+        ends = alert.ends_at if alert.status == "resolved" else rfc3339(time.time() + POST_ENDS_AFTER)
+        body = {"labels": dict(alert.labels), "annotations": dict(alert.annotations), "startsAt": alert.starts_at,
+                "endsAt": ends}
+        if alert.generator_url:
+            body["generatorURL"] = alert.generator_url
+        try:
+            self.alertmanager.post_alerts([body])
+        except HttpError as exc:
+            log.warning("could not post %s of %s to Alertmanager: %s", alert.alertname,
+                        alert.labels.get("job_name"), exc.message)
+
+    # -- a job's detections stream
+    def handle(self, target: keys.Target) -> list[Outcome]:
+        """Decide the job's detections written since the last one decided (each by one service process)."""
+        if target.kind != "job" or not target.name:
+            return []
+        cursor = self.r.get(keys.detections_cursor(target)) or "0-0"
+        entries = self.r.xrange(keys.detections(target), f"({cursor}", "+", count=100)
+        out: list[Outcome] = []
+        for eid, fields in entries:
+            if not self.r.set(keys.detection_claim(target, eid), self.identity, nx=True, px=int(CLAIM_TTL * 1000)):
+                continue  # another process decides it
+            parsed = _parse(fields)
+            if parsed is None:
+                log.warning("ignored a malformed detection of %s (entry %s)", target.label, eid)
+                continue
+            alertname, status, starts_at, ends_at, summary = parsed
+            out.extend(self.decide(target, alertname, status, starts_at, ends_at, summary.format(job=target.name)))
+        if entries:
+            self.r.set(keys.detections_cursor(target), entries[-1][0], px=int(CURSOR_TTL * 1000))
+        return out
+
+    # -- hangs
+    def scan_hangs(self, now: float | None = None, force: bool = False) -> list[Outcome]:
+        """Raise TrainingHang for live jobs whose step has not moved for hang_after, resolve it for those whose
+        step moved (or whose heartbeats stopped). Runs at most every HANG_SCAN_INTERVAL unless forced."""
+        now = time.time() if now is None else now
+        if not force and now < self._next_scan:
+            return []
+        self._next_scan = now + HANG_SCAN_INTERVAL
+        # Live now: a heartbeat within its TTL (keys.live scores when it stops counting).
+        jobs = signals.recent_jobs(self.r, now, 0.0)
+        hung: dict[str, float] = {}
+        steps: dict[str, float] = {}
+        for t, values in signals.read(self.r, jobs):
+            step, since = values[0], values[1]
+            if step is None or since is None:
+                continue  # a job that never passes a step is never judged hung
+            if now - since / 1000 >= self.hang_after:
+                hung[t.label] = since / 1000 + self.hang_after
+                steps[t.label] = step
+        open_ = {str(label): score / 1000 for label, score in self.r.zrange(keys.HUNG, 0, -1, withscores=True)}
+        out: list[Outcome] = []
+        for label, start in open_.items():
+            if label in hung and abs(hung[label] - start) < 1.0:
+                continue  # the same hang, already raised
+            t = keys.parse_label(label)
+            if t is not None:
+                out.extend(self.decide(t, HANG, "resolved", rfc3339(start), rfc3339(now)))
+            self.r.zrem(keys.HUNG, label)
+        for label, start in hung.items():
+            if label in open_ and abs(open_[label] - start) < 1.0:
+                continue
+            t = keys.parse_label(label)
+            if t is None:
+                continue
+            self.r.zadd(keys.HUNG, {label: int(start * 1000)})
+            out.extend(self.decide(t, HANG, "firing", rfc3339(start), "",
+                                   f"Job {t.name} heartbeats but its step has stayed at {steps[label]:.0f} for "
+                                   f"{self.hang_after:.0f} seconds."))
+        return out
+
+    # -- the listener
+    def start(self) -> Detections:
+        """Listen for detections in a daemon thread until stop()."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._listen, name="trainmedic-detections", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _listen(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+                pubsub.psubscribe(keys.JOB_WAKE_PATTERN)
+                if self._failing:
+                    self._failing = False
+                    log.info("detections: listening again")
+                backoff = 0.1
+                while not self._stop.is_set():
+                    msg = pubsub.get_message(timeout=1.0)
+                    if msg is None or msg.get("data") != DETECTED:
+                        continue  # commands announced to the job, or nothing
+                    target = keys.wake_target(str(msg.get("channel")))
+                    if target is not None:
+                        self._handle_safely(target)
+            except redis.RedisError as exc:
+                if not self._failing:
+                    self._failing = True
+                    log.warning("detections: cannot listen (%s); the reconciler's passes decide them meanwhile",
+                                exc)
+            except Exception:  # a bug must not stop listening for good
+                log.exception("detections: the listener failed")
+            finally:
+                try:
+                    if pubsub is not None:
+                        pubsub.close()
+                except Exception:
+                    pass
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _handle_safely(self, target: keys.Target) -> None:
+        try:
+            self.handle(target)
+        except redis.RedisError:
+            raise
+        except Exception:  # one job's bad entry must not stop the others
+            log.exception("detections: deciding %s's detections failed", target.label)
+
+
+_SUMMARY = {NAN: "The training loss of job {{job}} was {value} at step {step} (detected in the training loop).",
+            SPIKE: "The training loss of job {{job}} was {value} at step {step}, above twice its recent median "
+                   "(detected in the training loop)."}
+
+
+def _parse(f: Mapping[str, str]) -> tuple[str, str, str, str, str] | None:
+    """A detection entry's alertname, status, start, end and summary; None for one that is not valid."""
+    alertname, status = f.get("alertname", ""), f.get("status", "")
+    starts_at, ends_at = f.get("starts_at", ""), f.get("ends_at", "")
+    if alertname not in CLIENT_ALERTS or status not in ("firing", "resolved"):
+        return None
+    start = parse_rfc3339(starts_at)
+    if start is None or start > time.time() + 300:
+        return None
+    if status == "resolved" and parse_rfc3339(ends_at) is None:
+        return None
+    try:
+        value = float(f.get("value") or "nan")
+        step = int(f.get("step") or -1)
+    except ValueError:
+        return None
+    shown = f"{value:.4g}" if math.isfinite(value) else str(value)
+    summary = _SUMMARY[alertname].format(value=shown, step=step if step >= 0 else "?") if status == "firing" else ""
+    return alertname, status, starts_at, ends_at if status == "resolved" else "", summary
