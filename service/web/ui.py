@@ -136,7 +136,8 @@ def target(kind: str, name: str) -> Any:
     changes = charts.lr_changes(items)
     current = charts.floats(live.get("lr")) if live else None
     # The metric around the newest remediation of an alert (on_resolved records have their own alert's).
-    anchor = next((r for r in items if not r.get("on_resolved") and r.get("requested_by") != "operator"), None)
+    anchor = next((r for r in items if not r.get("on_resolved")
+                   and not str(r.get("requested_by") or "").startswith("operator")), None)  # operator:NAME too
     around = metric_chart.around(ext.redis, ext.prometheus, anchor, items, now) if anchor else None
     return _page(
         "target.html", **_common(now), kind=kind, name=name, live=live, items=items, next=nxt,
