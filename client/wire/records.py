@@ -326,6 +326,12 @@ def intact(record_id: str, h: Mapping[str, Any], signer: Any) -> bool:
     return bool(h) and signer.sealed(seal_text(record_id, h), h.get("seal"))
 
 
+def silence_text(record_id: str, silence_id: str) -> bytes:
+    """The bytes the seal of a record's silence covers (its `silence_seal`): the silence the service made for
+    it, which it alone may expire when the ladder ends."""
+    return dumps([record_id, "silence", silence_id]).encode()
+
+
 # Pairs per DECIDE_MANY call: one call holds Redis for the whole batch, so a 1,000-alert notification is
 # cut into a few (all still in one pipeline, one round trip).
 DECIDE_BATCH = 100
@@ -561,7 +567,8 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
 # -- the service's own bookkeeping on a record ------------------------------------------------------------
 # Besides what the Lua scripts write, the reconciler keeps marks on the record: `follow` (it still follows
 # the record), `notified:<event>`, `counted:<outcome>`, `ladder_end`, and `silence_claim` / `silence_id` /
-# `silence_error`. Marks are set with HSETNX so that racing replicas do each thing once.
+# `silence_seal` (silence_text's seal: only the silence it made is ever expired) / `silence_error`. Marks are
+# set with HSETNX so that racing replicas do each thing once.
 
 def stored(r: Any, record_id: str) -> dict[str, str]:
     """The record's hash ({} when it is gone) with its id's fields put back: the service's view (records.alert_of

@@ -137,6 +137,12 @@ class FollowUp:
     def _make_silence(self, h: Mapping[str, str], pb: Playbook, now: float) -> str | None:
         """Silence the alert for the ladder's length, once; its id (None when not made, or made elsewhere)."""
         rid = h["id"]
+        if not records.intact(rid, h, self.dispatcher.signer):
+            # The silence's matchers are the record's alert labels: only as decided.
+            if records.mark_once(self.r, rid, "silence_error", "the record was changed in Redis after it was "
+                                                               "decided, so no silence was made"):
+                self.dispatcher.refuse_tampered(rid, "its silence")
+            return None
         if not records.mark_once(self.r, rid, "silence_claim", str(int(now * 1000))):
             claimed = int(records.field(self.r, rid, "silence_claim") or 0) / 1000
             if now - claimed > SILENCE_CLAIM_TIMEOUT and records.field(self.r, rid, "silence_id") is None:
@@ -154,13 +160,19 @@ class FollowUp:
             log.warning("silence for %s not made: %s", rid, exc.message, extra={"remediation_id": rid})
             records.set_marks(self.r, rid, silence_error=f"the silence could not be made: {exc.message}")
             return None
-        records.set_marks(self.r, rid, silence_id=sid)
+        records.set_marks(self.r, rid, silence_id=sid,
+                          silence_seal=self.dispatcher.signer.seal(records.silence_text(rid, sid)))
         log.info("silenced alert %s until the ladder ends", alert.get("alertname"), extra={"remediation_id": rid})
         return sid
 
     def _expire_silence(self, first: Mapping[str, str]) -> None:
         sid = first.get("silence_id")
         if not sid or self.alertmanager is None:
+            return
+        if not self.dispatcher.signer.sealed(records.silence_text(first["id"], sid), first.get("silence_seal")):
+            # Not the silence this service made for the ladder (someone wrote the id): it is left alone, and
+            # the one it made ends by itself at its endsAt.
+            self.dispatcher.refuse_tampered(first["id"], f"expiring silence {sid}")
             return
         try:
             self.alertmanager.expire_silence(sid)
@@ -188,10 +200,12 @@ class FollowUp:
     def next_stage(self, target: keys.Target, h: Mapping[str, str], first: Mapping[str, str], pb: Playbook,
                    stage: int, now: float) -> str:
         """Make the ladder's next stage after record h: DECIDE's status ('closed' when the episode ended), or
-        'tampered' (nothing made) when the first record's hash no longer holds what was decided."""
-        if not records.intact(first["id"], first, self.dispatcher.signer):
-            self.dispatcher.refuse_tampered(first["id"], f"escalation stage {stage}")
-            return "tampered"
+        'tampered' (nothing made) when the first record's hash or h's no longer holds what was decided (the
+        stage's alert and context come from the first, its playbook and number from h)."""
+        for rec in (first, h) if h["id"] != first["id"] else (first,):
+            if not records.intact(rec["id"], rec, self.dispatcher.signer):
+                self.dispatcher.refuse_tampered(rec["id"], f"escalation stage {stage}")
+                return "tampered"
         was = records.alert_of(first)
         alert = alert_of_record(was, "firing", was.get("fingerprint", ""))
         context = records.loads_or(first.get("context"), {})

@@ -214,7 +214,7 @@ class Reconciler:
         if not over:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
-        rec = self._sealed_record(target, ob.get("rid") or "")
+        rec = self._sealed_record(target, ob.get("rid") or "", pb_name, fingerprint)
         alert = alert_of_record(records.alert_of(rec or {}), "resolved", fingerprint)
         context = records.loads_or(rec.get("context"), {}) if rec else {}
         resolution = Resolution(target, context)
@@ -229,9 +229,11 @@ class Reconciler:
                                         "target": target.label})
         return outcome.record_id if outcome.new else None
 
-    def _sealed_record(self, target: keys.Target, rid: str) -> dict[str, str] | None:
+    def _sealed_record(self, target: keys.Target, rid: str, playbook: str,
+                       fingerprint: str) -> dict[str, str] | None:
         """The record an obligation names ({} when it names none or it is gone), or None when it is not this
-        target's or its hash no longer holds what was decided (counted and logged)."""
+        target's record of this playbook and alert, or its hash no longer holds what was decided (counted and
+        logged)."""
         if not rid:
             return {}
         try:
@@ -240,7 +242,8 @@ class Reconciler:
             rec = None
         if rec == {}:
             return rec
-        if rec is None or not records.intact(rid, rec, self.dispatcher.signer):
+        if rec is None or not records.intact(rid, rec, self.dispatcher.signer) or (
+                rec.get("playbook"), records.alert_of(rec).get("fingerprint")) != (playbook, fingerprint):
             self.dispatcher.refuse_tampered(rid, "the context of its on_resolved")
             return None
         return rec
