@@ -46,14 +46,16 @@ POST_ENDS_AFTER = 12 * 3600.0
 HANG_SCAN_INTERVAL = 10.0
 
 # Alertmanager's fingerprint of a label set (prometheus/common model.LabelSet.Fingerprint): 64-bit FNV-1a
-# over each label, sorted by name, as name, 0xff, value, 0xff; printed as 16 hex digits.
+# over each label, sorted by name, as name, 0xff, value, 0xff; printed as 16 hex digits (0xcbf29ce484222325,
+# the offset itself, for no labels).
 _FNV_OFFSET, _FNV_PRIME, _MASK = 14695981039346656037, 1099511628211, (1 << 64) - 1
 
 
 def fingerprint(labels: Mapping[str, str]) -> str:
     """The fingerprint Alertmanager gives an alert with these labels."""
     h = _FNV_OFFSET
-    for name in sorted(labels):
+    # A label with an empty value is no label at all to Alertmanager (it drops it from the alert).
+    for name in sorted(n for n, v in labels.items() if v):
         for byte in name.encode() + b"\xff" + labels[name].encode() + b"\xff":
             h = ((h ^ byte) * _FNV_PRIME) & _MASK
     return f"{h:016x}"

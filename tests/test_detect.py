@@ -1,0 +1,197 @@
+"""In-loop detectors, training signals through poll(), and the service's side of detections."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import requests
+import torch
+
+from tests.conftest import AUTH, post_json
+from tests.support.stack import Alertmanager
+from trainmedic.client import RemediationClient
+from trainmedic.client.trainer.detect import DetectSettings, Detector
+from trainmedic.client.wire import keys
+from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.service import signals
+from trainmedic.service.decide.detections import Detections, fingerprint, labels_of
+
+JOB = "detect-job"
+
+
+def test_a_nan_or_infinite_loss_is_detected_at_the_first_one() -> None:
+    d = Detector(DetectSettings())
+    assert not d.observe(1.0)
+    assert d.observe(float("nan")) and d.nan
+    assert not d.observe(float("inf"))  # already on: no second change
+    e = Detector(DetectSettings())
+    assert e.observe(float("-inf")) and e.nan
+
+
+def test_a_spike_needs_three_observations_over_twice_the_median_and_clears_after_twenty() -> None:
+    d = Detector(DetectSettings())
+    for _ in range(30):
+        assert not d.observe(1.0)
+    assert [d.observe(5.0) for _ in range(3)] == [False, False, True] and d.spike
+    changes = [d.observe(1.0) for _ in range(20)]
+    assert changes == [False] * 19 + [True] and not d.spike
+
+
+def test_spikes_are_not_judged_before_the_twentieth_observation() -> None:
+    d = Detector(DetectSettings())
+    assert not any(d.observe(v) for v in [1.0] * 10 + [50.0] * 5)
+    d = Detector(DetectSettings())
+    assert not any(d.observe(1.0) for _ in range(19))
+    assert [d.observe(9.0) for _ in range(3)] == [False, False, True]
+
+
+def test_detect_settings_are_checked_and_can_turn_detection_off() -> None:
+    assert DetectSettings.of(False) is None
+    assert DetectSettings.of({"window": 10, "factor": 3}) == DetectSettings(window=10, factor=3.0)
+    for bad in ({"windw": 1}, {"factor": 1}, {"window": 0}, {"nan": "yes"}, "on"):
+        with pytest.raises(ValueError):
+            DetectSettings.of(bad)
+    with pytest.raises(ValueError, match="RemediationClient: detect has unknown settings"):
+        RemediationClient(job=JOB, redis_url="redis://127.0.0.1:1", start=False, detect={"x": 1})
+
+
+def test_five_thousand_steps_of_a_noisy_run_raise_no_detection(redis_url: str, r: Any) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    w = torch.randn(16, 1)
+    with RemediationClient(job=JOB, redis_url=redis_url, optimizer=opt) as rc:
+        for step in range(5000):
+            x = torch.randn(32, 16)  # small batches: the loss varies by about a quarter from step to step
+            loss = torch.nn.functional.mse_loss(model(x), x @ w + 0.5 * torch.randn(32, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rc.poll(step=step, loss=loss.item())
+        assert rc.detected == () and rc._detector is not None and rc._detector.changed == 0
+    assert r.xlen(keys.detections(keys.Target("job", JOB))) == 0
+
+
+class CountedLoss(torch.Tensor):
+    """A 0-dim tensor that counts its .item() calls (each one a device synchronisation on a GPU)."""
+
+    items = 0
+
+    def item(self) -> Any:  # type: ignore[override]
+        CountedLoss.items += 1
+        return super().item()
+
+
+def test_a_tensor_loss_is_read_once_in_ten_steps(redis_url: str) -> None:
+    CountedLoss.items = 0
+    with RemediationClient(job=JOB, redis_url=redis_url, start=False) as rc:
+        for step in range(100):
+            loss = torch.tensor(float(step)).as_subclass(CountedLoss)
+            grad = torch.tensor(2.0).as_subclass(CountedLoss)
+            rc.poll(step=step, loss=loss, grad_norm=grad, samples=32)
+        assert CountedLoss.items == 2 * 10  # loss and grad norm, on 10 of 100 steps
+        assert rc.loss == 99.0 and rc.grad_norm == 2.0 and rc.samples == 3200
+        rc.poll(step=100, loss=torch.tensor(float("nan")).as_subclass(CountedLoss))
+        assert rc.detected == ()  # read at the tenth call only
+        for step in range(101, 110):
+            rc.poll(step=step, loss=torch.tensor(float("nan")).as_subclass(CountedLoss))
+        assert rc._detector is not None and rc._detector.nan
+
+
+def test_the_heartbeat_carries_signals_to_metrics(redis_url: str, r: Any, http: Any) -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.125)
+    with RemediationClient(job=JOB, redis_url=redis_url, optimizer=opt, heartbeat_interval=0.2) as rc:
+        for step in range(5):
+            rc.poll(step=step, loss=1.5, grad_norm=0.75, samples=64)
+            time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        want = f'trainmedic_training_step{{job_name="{JOB}"}} 4.0\n'.encode()
+        while want not in http.get("/metrics").data and time.monotonic() < deadline:
+            time.sleep(0.1)
+    text = http.get("/metrics").data.decode()
+    assert f'trainmedic_training_loss{{job_name="{JOB}"}} 1.5\n' in text
+    assert f'trainmedic_training_step{{job_name="{JOB}"}} 4.0\n' in text
+    assert f'trainmedic_training_learning_rate{{job_name="{JOB}"}} 0.125\n' in text
+    assert f'trainmedic_training_grad_norm{{job_name="{JOB}"}} 0.75\n' in text
+    assert "# TYPE trainmedic_training_samples_per_second gauge" in text
+    # The line goes with its TTL (two minutes after the last heartbeat): the series goes with it.
+    r.delete(keys.signals(keys.Target("job", JOB)))
+    assert "trainmedic_training_loss{" not in http.get("/metrics").data.decode()
+
+
+def test_a_hostile_signals_line_never_reaches_the_scrape(r: Any) -> None:
+    t = keys.Target("job", JOB)
+    r.zadd(keys.live("job"), {t.label: int((time.time() + 30) * 1000)})
+    r.set(keys.signals(t), '1 2 3 4 5 6"}\nfake_metric 1')
+    assert b"fake_metric" not in signals.metrics_text(r)
+
+
+def test_the_fingerprint_is_alertmanagers(tmp_path: Any) -> None:
+    am = Alertmanager(tmp_path, "http://127.0.0.1:9/webhook", "t")
+    try:
+        sets = [labels_of(keys.Target("job", "llama-ft-01"), "TrainingLossNaN"),
+                {"alertname": "X", "job_name": "é-ünïcode", "a": ""}, {"alertname": "Y"}]
+        for labels in sets:
+            am.push(labels)
+        listed = requests.get(am.url + "/api/v2/alerts", timeout=5).json()
+        by_name = {a["labels"]["alertname"]: a["fingerprint"] for a in listed}
+        assert by_name == {s["alertname"]: fingerprint(s) for s in sets}
+    finally:
+        am.stop()
+
+
+def detections(app: Any) -> Detections:
+    return app.extensions["trainmedic"].reconciler.detections
+
+
+def test_a_detection_is_decided_for_its_own_job_only_and_once(app: Any, r: Any) -> None:
+    t = keys.Target("job", JOB)
+    start = rfc3339()
+    # The entry names another job in every field it could: the job is the stream's, never the payload's.
+    r.xadd(keys.detections(t), {"alertname": "TrainingLossNaN", "status": "firing", "starts_at": start,
+                                "ends_at": "", "step": "7", "value": "nan", "job_name": "other-job"})
+    r.xadd(keys.detections(t), {"alertname": "GPUXidError", "status": "firing", "starts_at": start})
+    [out] = detections(app).handle(t)
+    assert out.status == "no_live_target" or out.new
+    assert detections(app).handle(t) == []  # the cursor moved: nothing twice
+    rec = app.test_client().get(f"/remediations/{out.record_id}").get_json()
+    assert rec["requested_by"] == "detector" and rec["target"] == {"kind": "job", "name": JOB}
+    assert rec["alert"]["labels"]["job_name"] == JOB
+
+
+def test_a_spike_seen_by_the_client_and_the_prometheus_rule_halves_the_lr_once(app: Any, http: Any, r: Any) -> None:
+    t = keys.Target("job", JOB)
+    [first] = detections(app).decide(t, "TrainingLossSpike", "firing", rfc3339())
+    assert first.new and first.status != "skipped"
+    body = {"version": "4", "status": "firing", "receiver": "trainmedic", "groupKey": "{}:{}", "groupLabels": {},
+            "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am", "alerts": [{
+                "status": "firing", "labels": {"alertname": "TrainingLossSpike", "job_name": JOB,
+                                               "severity": "critical", "component": "training"},
+                "annotations": {}, "startsAt": rfc3339(), "endsAt": "0001-01-01T00:00:00Z",
+                "fingerprint": "0123456789abcdef"}]}
+    answer = post_json(http, "/webhook", body, AUTH).get_json()
+    assert [(x["status"], x["reason"]) for x in answer["remediations"]] == [("skipped", "cooldown")]
+
+
+def test_a_job_whose_step_stops_gets_training_hang_and_it_resolves_when_the_step_moves(app: Any, r: Any) -> None:
+    t = keys.Target("job", JOB)
+    now = time.time()
+    r.zadd(keys.live("job"), {t.label: int((now + 30) * 1000)})
+    r.set(keys.signals(t), f"12 {int((now - 700) * 1000)} 1.0 - - -")
+    [fired] = detections(app).scan_hangs(now, force=True)
+    assert fired.playbook == "training-hang" and fired.status == "skipped" and fired.reason == "no_actions"
+    assert detections(app).scan_hangs(now + 1, force=True) == []  # the same hang: raised once
+    r.set(keys.signals(t), f"13 {int(now * 1000)} 1.0 - - -")
+    detections(app).scan_hangs(now + 2, force=True)
+    assert r.zcard(keys.HUNG) == 0
+    ep = r.hgetall(keys.episode(t, "training-hang", fingerprint(labels_of(t, "TrainingHang"))))
+    assert ep.get("closed") and not ep.get("open")
+
+
+def test_a_job_that_never_passes_a_step_is_never_judged_hung(app: Any, r: Any) -> None:
+    t = keys.Target("job", JOB)
+    now = time.time()
+    r.zadd(keys.live("job"), {t.label: int((now + 30) * 1000)})
+    r.set(keys.signals(t), f"- {int((now - 7000) * 1000)} 1.0 - - -")
+    assert detections(app).scan_hangs(now, force=True) == []
