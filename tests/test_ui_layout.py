@@ -82,9 +82,10 @@ def at(browser: Browser, width: int) -> Page:
 
 
 def pages(server: Server, ids: dict[str, str]) -> dict[str, str]:
-    """The history (every record opened) and the record pages, by name."""
+    """The history (every record opened), the record pages and a target's page, by name."""
     return {"history": server.url + "/", **{f"record-{k}": f"{server.url}/records/{ids[k]}"
-                                          for k in ("effective", "partial", "held", "skipped")}}
+                                          for k in ("effective", "partial", "held", "skipped")},
+            "target": f"{server.url}/targets/job/{JOB}"}
 
 
 def problems_of(page: Page, url: str) -> list[str]:
@@ -141,6 +142,8 @@ def test_the_record_page_reads_plainly(site: tuple[Server, dict[str, str]], brow
         for b in badges.all():
             assert re.fullmatch(r"[\w .:-]+", b.inner_text().strip()), f"{name}: {b.inner_text()!r} is not words"
             assert b.locator("svg.ico").count() == 1, f"{name}: {b.inner_text()!r} has no drawn icon"
+        sizes = page.locator("svg.ico").evaluate_all("els => els.map(e => e.getBoundingClientRect().height)")
+        assert sizes and max(sizes) <= 20, f"{name} draws an icon {max(sizes)} px high"
     page.goto(pages(server, ids)["record-effective"])
     expect(page.locator("#record h3", has_text="Alert")).to_contain_text("resolved")
     expect(page.locator("#record h3", has_text="Alert")).not_to_contain_text("firing")

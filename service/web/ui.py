@@ -41,6 +41,8 @@ _SHAPES = {
     "question": '<path d="M5.6 6.2a2.4 2.4 0 1 1 3.4 2.2c-.7.3-1 .8-1 1.5v.3"/>'
                 '<circle class="f" cx="8" cy="12.4" r=".9"/>',
     "caret": '<path d="M6 3.5l4.5 4.5L6 12.5"/>',
+    "ring": '<circle cx="8" cy="8" r="4.5"/>',
+    "disc": '<circle class="f" cx="8" cy="8" r="5.5"/>',
 }
 ICONS = {"applied": "check", "partially_applied": "half", "failed": "cross", "dispatched": "arrow",
          "delivered": "arrow", "pending": "dots", "pending_approval": "pause", "dry_run": "dashed", "skipped": "dash",
