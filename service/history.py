@@ -46,7 +46,7 @@ from trainmedic.client.wire import keys
 from trainmedic.client.wire.records import OUTCOMES, RECORD_STATUSES, from_hash, lua
 from trainmedic.client.wire.redis import is_cluster
 
-from .errors import BadRequest
+from .errors import BadRequest, NotFound
 
 STATUSES = RECORD_STATUSES
 FILTERS = ("alertname", "playbook", "target", "status", "outcome")
@@ -506,3 +506,92 @@ def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
     if len(items) > q.limit:
         return items[:q.limit], items[q.limit - 1]["id"]
     return items, None
+
+
+# -- an id from its prefix ------------------------------------------------------------------------------------
+
+# People may name a record by the start of its id (`trainmedic show 1K17DFQZ`), at least this many characters.
+MIN_PREFIX = 8
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_HEAD = 26  # characters of the time-sortable part of an id: 130 bits, the microseconds in the top 55
+_RANDOM_BITS = 75
+# The history lists records by sequence number, which follows their ids' time only roughly: ids are made a
+# moment before their records, by clocks assumed to agree within a few seconds, and on Redis Cluster a
+# target's journal can be folded a tick late. A prefix's records are looked for this much either side.
+PREFIX_SLACK_US = 30_000_000
+_PROBES = 16  # ranks read per round trip while narrowing the search (a million records: 5 round trips)
+_SCAN_BATCH = 5000
+
+
+def _head_value(head: str) -> int:
+    n = 0
+    for c in head:
+        n = n * 32 + _CROCKFORD.index(c)
+    return n
+
+
+def _head_of(us: int) -> str:
+    """The smallest id head made at microsecond `us`."""
+    n = min(max(us, 0) << _RANDOM_BITS, (1 << 5 * _HEAD) - 1)
+    return "".join(_CROCKFORD[(n >> 5 * i) & 31] for i in range(_HEAD - 1, -1, -1))
+
+
+def resolve_record_id(r: Any, text: str) -> str:
+    """The full id of the one record whose id is or starts with `text`; NotFound if none, BadRequest if several."""
+    # A prefix of 8 or more characters fixes when its record was made to within 33 ms, so the history's ranks
+    # are narrowed to that time (a few round trips, however many records are kept) and only records made around
+    # it are read. A text shaped like a whole id may still be the start of a longer one ("~job~llama" of
+    # "~job~llama-2"), so it is looked up as a prefix when no record has it as its id.
+    if keys.RECORD_ID_RE.match(text) and r.exists(keys.record(text)):
+        return text
+    head, sep, tail = text.partition("~")
+    head = head.upper()  # the ids' alphabet is Crockford's base32, which people may type in either case
+    if len(text) < MIN_PREFIX:
+        raise NotFound(f"no remediation with id {text!r}: give its full id or at least {MIN_PREFIX} characters "
+                       "of it")
+    if len(head) > _HEAD or (sep and len(head) != _HEAD) or any(c not in _CROCKFORD for c in head):
+        raise NotFound(f"no remediation with id {text!r}")
+    prefix = head + sep + tail
+    lo = _head_of((_head_value(head.ljust(_HEAD, "0")) >> _RANDOM_BITS) - PREFIX_SLACK_US)
+    hi = _head_of((_head_value(head.ljust(_HEAD, "Z")) >> _RANDOM_BITS) + PREFIX_SLACK_US + 1)
+    catch_up(r)
+    found = [rid for rid in _ids_between(r, lo, hi) if rid.startswith(prefix)]
+    if found:
+        pipe = r.pipeline(transaction=False)
+        for rid in found:
+            pipe.exists(keys.record(rid))
+        found = [rid for rid, there in zip(found, pipe.execute()) if there]
+    if not found:
+        raise NotFound(f"no remediation with id {text!r}")
+    if len(found) > 1:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise BadRequest(f"{text!r} is the start of {len(found)} remediation ids ({shown}): give more of it")
+    return found[0]
+
+
+def _ids_between(r: Any, lo: str, hi: str) -> Iterator[str]:
+    """Listed record ids from about the first whose head is `lo` or more, until one's is `hi` or more."""
+    # The ranks are narrowed as in a binary search, 16 a round trip. Ids out of time order by less than half
+    # of PREFIX_SLACK_US cannot make it start after, or stop before, a record made within the prefix's time.
+    below, above = -1, int(r.zcard(keys.HISTORY))  # every rank <= below has a head < lo; `above` has not
+    while above - below > 1:
+        probes = sorted({below + 1 + (above - below - 1) * k // _PROBES for k in range(_PROBES)})
+        pipe = r.pipeline(transaction=False)
+        for rank in probes:
+            pipe.zrange(keys.HISTORY, rank, rank)
+        for rank, got in zip(probes, pipe.execute()):
+            if got and str(got[0])[:_HEAD] < lo:
+                below = rank
+            else:  # at or past lo (or trimmed meanwhile: the scan starts early, which only costs a read)
+                above = rank
+                break
+    start = above
+    while True:
+        batch = [str(x) for x in r.zrange(keys.HISTORY, start, start + _SCAN_BATCH - 1)]
+        for rid in batch:
+            if rid[:_HEAD] >= hi:
+                return
+            yield rid
+        if len(batch) < _SCAN_BATCH:
+            return
+        start += _SCAN_BATCH

@@ -18,6 +18,12 @@ def test_a_manual_trigger_creates_a_record(http, r) -> None:
     assert r.xlen(keys.mailbox(keys.Target("job", "llama-ft-01"))) == 1
 
 
+def test_an_ad_hoc_command_names_its_alert_manual(http, r) -> None:
+    resp = post_json(http, "/commands", {"target": "job:llama-ft-01", "action": "set_lr", "params": {"lr": 0.01}})
+    assert resp.status_code == 201
+    assert (resp.json["playbook"], resp.json["alert"]["alertname"]) == ("manual", "manual")
+
+
 def test_a_manual_trigger_obeys_the_cooldown(http, r) -> None:
     body = {"playbook": "loss-spike", "labels": {"job_name": "llama-ft-01"}}
     post_json(http, "/remediations", body)

@@ -1,4 +1,4 @@
-"""The trainmedic command: serve, send, history, approve, reject, --version, and their one-line errors."""
+"""The trainmedic command: serve, send, history, show, match, approve, reject, --version, and their one-line errors."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from trainmedic.client import RemediationClient
 from trainmedic.service.cli import main
 from trainmedic.service.embedded_redis import free_port
 
-from tests.conftest import OP_AUTH, OPERATOR, ROOT, write_playbooks
+from tests.conftest import OP_AUTH, OPERATOR, ROOT, TOKEN, load_fixture, write_playbooks
 from tests.support.jobs import wait_until
 
 CLI = [sys.executable, "-m", "trainmedic.service.cli"]
@@ -68,6 +68,15 @@ def test_send_validates_the_action_and_its_params_like_check_before_anything_goe
     msg = one_line_error(run("send", "--job", "j", "--url", f"http://127.0.0.1:{free_port()}", *argv, env=OP), 2)
     assert words in msg
     assert "--job" in one_line_error(run("send", "--job", "../x", "scale_lr", "factor=0.5", env=OP), 2)
+
+
+def test_send_raises_a_learning_rate_only_with_yes() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a refusal happened before any request
+    msg = one_line_error(run("send", "--job", "j", "--url", url, "scale_lr", "factor=5", env=OP), 2)
+    assert msg == "trainmedic: scale_lr factor=5 raises the learning rate 5-fold; add --yes to send it"
+    # With --yes (or a factor of 1 or less) it goes out: here, to a service that is not there.
+    for argv in (["scale_lr", "factor=5", "--yes"], ["scale_lr", "factor=1"]):
+        assert "cannot reach" in one_line_error(run("send", "--job", "j", "--url", url, *argv, env=OP), 1)
 
 
 def test_send_says_when_the_service_is_unreachable_or_no_token_is_set() -> None:
@@ -202,7 +211,8 @@ def test_a_port_in_use_is_one_sentence(tmp_path: Path) -> None:
         msg = one_line_error(run("serve", "--no-agent", "--port", str(free_port()), "--redis-port", str(port),
                                  "--data-dir", str(tmp_path / "d")), 1)
         assert msg == (f"trainmedic: cannot start the embedded Redis: port {port} on 127.0.0.1 is in use "
-                       "(another trainmedic serve, or another Redis?); stop it or choose another port")
+                       "(another trainmedic serve, or another Redis?); stop it, or choose another port with "
+                       "--redis-port")
 
 
 def _serve(tmp_path: Path, port: int, redis_port: int) -> tuple[subprocess.Popen, str]:
@@ -288,16 +298,59 @@ def _trigger(url: str, job: str) -> str:
     return str(resp.json()["id"])
 
 
-def test_history_prints_records_newest_first(gunicorn: Any) -> None:
+def test_history_prints_a_header_and_each_records_full_id_newest_first(gunicorn: Any) -> None:
     server = gunicorn(workers=1)
-    for job in ("j1", "j2"):
-        _trigger(server.url, job)
+    ids = [_trigger(server.url, job) for job in ("j1", "j2")]
     proc = run("history", "--url", server.url, "--limit", "5")
-    assert proc.returncode == 0
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 2 and "job:j2" in lines[0] and "job:j1" in lines[1] and "loss-spike" in lines[0]
+    assert proc.returncode == 0, proc.stderr
+    header, *rows = proc.stdout.splitlines()
+    assert header.split() == ["ID", "CREATED", "STATUS", "PLAYBOOK", "TARGET", "ALERT", "ACTIONS", "OUTCOME"]
+    assert [row.split()[0] for row in rows] == [ids[1], ids[0]]
+    assert "job:j2" in rows[0] and "job:j1" in rows[1] and "loss-spike" in rows[0]
+    # Columns line up under their headers.
+    assert rows[0].index("loss-spike") == header.index("PLAYBOOK")
     as_json = run("history", "--url", server.url, "--json")
     assert [json.loads(x)["target"]["name"] for x in as_json.stdout.splitlines()] == ["j2", "j1"]
+
+
+def test_show_prints_one_record_by_its_id_or_a_unique_prefix(gunicorn: Any) -> None:
+    server = gunicorn(workers=1)
+    rid = _trigger(server.url, "shown")
+    api = requests.get(f"{server.url}/remediations/{rid}", timeout=5).json()
+    for text in (rid, rid[:8], rid[:12].lower()):
+        proc = run("show", text, "--url", server.url)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == rid
+        assert "  playbook    loss-spike" in lines and "  target      job:shown" in lines
+        assert any(x.startswith("    1. ") for x in lines), lines
+    as_json = run("show", rid[:10], "--url", server.url, "--json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == api
+
+
+def test_show_refuses_an_unknown_short_or_ambiguous_prefix_in_one_line(gunicorn: Any) -> None:
+    server = gunicorn(workers=1)
+    body = load_fixture("firing_single.json")
+    body["alerts"] = [{**body["alerts"][0], "labels": {**body["alerts"][0]["labels"], "job_name": f"twin-{i}"},
+                       "fingerprint": f"twin{i}"} for i in range(2)]
+    made = requests.post(f"{server.url}/webhook", json=body, timeout=5,
+                         headers={"Authorization": f"Bearer {TOKEN}"}).json()["remediations"]
+    common = os.path.commonprefix([m["id"] for m in made])
+    assert len(made) == 2 and len(common) >= 8  # one notification's records are made microseconds apart
+    assert "is the start of 2 remediation ids" in one_line_error(run("show", common, "--url", server.url), 2)
+    assert "no remediation with id '0000000000'" in one_line_error(run("show", "0000000000", "--url", server.url), 2)
+    assert "at least 8 characters" in one_line_error(run("show", common[:5], "--url", server.url), 2)
+
+
+def test_history_and_show_send_the_read_token_else_the_operator_token(gunicorn: Any) -> None:
+    server = gunicorn(workers=1, TRAINMEDIC_READ_TOKEN="reader-s3cret")
+    rid = _trigger(server.url, "guarded")
+    assert "HTTP 401: reading needs an Authorization: Bearer token" in one_line_error(run("history", "--url",
+                                                                                         server.url), 1)
+    for env in ({"TRAINMEDIC_READ_TOKEN": "reader-s3cret"}, OP):
+        assert run("history", "--url", server.url, env=env).stdout.splitlines()[1].startswith(rid)
+        assert run("show", rid[:9], "--url", server.url, env=env).stdout.splitlines()[0] == rid
+    assert "HTTP 401" in one_line_error(run("show", rid, "--url", server.url), 1)
 
 
 def test_history_follow_prints_only_records_newer_than_those_shown(gunicorn: Any) -> None:
@@ -324,3 +377,56 @@ def test_history_against_nothing_is_a_one_line_error() -> None:
 def test_check_accepts_the_shipped_playbooks(capsys: Any) -> None:
     assert main(["check", str(ROOT / "playbooks")]) == 0
     assert capsys.readouterr().out.startswith("ok: 6 playbooks")
+
+
+PAYLOAD = {"version": "4", "status": "firing", "receiver": "trainmedic", "alerts": [
+    {"status": "firing", "startsAt": "2026-11-22T08:40:00Z",
+     "labels": {"alertname": "TrainingLossSpike", "job_name": "llama-ft-01", "severity": "critical"}},
+    {"status": "resolved", "labels": {"alertname": "GPUTemperatureHigh", "instance": "gpu-1:9400", "gpu_id": "0"},
+     "startsAt": "2026-11-22T08:40:00Z"},
+    {"status": "firing", "labels": {"alertname": "SomethingElse"}, "startsAt": "2026-11-22T08:40:00Z"}]}
+# Neither Redis nor the service is there: `match` needs neither.
+NOTHING = {"TRAINMEDIC_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "TRAINMEDIC_URL": "http://127.0.0.1:1"}
+
+
+def test_match_says_what_each_alert_would_match_and_do_without_redis_or_the_service(tmp_path: Path) -> None:
+    path = tmp_path / "payload.json"
+    path.write_text(json.dumps(PAYLOAD))
+    expected = [
+        "alert 1: TrainingLossSpike (firing) job_name=llama-ft-01 severity=critical",
+        '  loss-spike: job:llama-ft-01: rollback_checkpoint {} (optional), scale_lr {"factor": 0.5, "min_lr": 1e-07}',
+        "alert 2: GPUTemperatureHigh (resolved) gpu_id=0 instance=gpu-1:9400",
+        "  gpu-temperature-high: node:gpu-1: on_resolved: restore_power_limit {}",
+        "alert 3: SomethingElse (firing)",
+        "  no playbook",
+    ]
+    from_file = run("match", str(path), env=NOTHING)
+    assert from_file.returncode == 0 and from_file.stdout.splitlines() == expected, from_file.stderr
+    for argv in (["match", "-"], ["match"]):
+        piped = subprocess.run([*CLI, *argv], input=json.dumps(PAYLOAD), capture_output=True, text=True, timeout=60,
+                               cwd=ROOT, env={**CLEAN_ENV, **NOTHING})
+        assert piped.returncode == 0 and piped.stdout.splitlines() == expected, piped.stderr
+
+
+def test_match_uses_the_playbooks_it_is_given_and_says_when_a_target_is_missing(tmp_path: Path) -> None:
+    path = write_playbooks(tmp_path / "own.yaml", "playbooks:\n  - name: held\n    matchers: ['alertname=~\".+\"']\n"
+                           "    target: job\n    approval: true\n    actions: [{scale_lr: {factor: 0.5}}]\n")
+    (tmp_path / "payload.json").write_text(json.dumps(PAYLOAD))
+    out = run("match", str(tmp_path / "payload.json"), "--playbooks", str(path), env=NOTHING)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1] == '  held: job:llama-ft-01: scale_lr {"factor": 0.5} (held for approval)'
+    assert out.stdout.splitlines()[-1] == ("  held: no target (the alert has no job_name or job label): recorded as "
+                                           "skipped, nothing sent")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{", "payload.json is not valid JSON"),
+    ('{"version": "3", "alerts": []}', "not an Alertmanager webhook payload: payload version '3' is not supported"),
+    ('{"alerts": [{"status": "firing", "labels": {}}]}',
+     "not an Alertmanager webhook payload: alerts[0].labels must include alertname"),
+    ('[1, 2]', "not an Alertmanager webhook payload: the body must be a JSON object"),
+])
+def test_match_refuses_an_invalid_payload_with_exit_2(tmp_path: Path, text: str, words: str) -> None:
+    (tmp_path / "payload.json").write_text(text)
+    assert words in one_line_error(run("match", str(tmp_path / "payload.json"), env=NOTHING), 2)
+    assert "cannot read" in one_line_error(run("match", str(tmp_path / "missing.json"), env=NOTHING), 2)

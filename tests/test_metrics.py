@@ -249,3 +249,53 @@ def test_the_scrape_aggregates_stay_exact_through_dispatch_ack_expiry_and_heartb
     for _ in range(3):
         rc.tick(time.time() + 3700)
     assert _check_exact(http, r)["backlog"] == {"job": 0, "node": 0}
+
+
+def unmatched(*names: str) -> dict:
+    """A notification of alerts that no shipped playbook matches."""
+    return {"version": "4", "status": "firing", "receiver": "trainmedic", "alerts": [
+        {"status": "firing", "labels": {"alertname": name, "job_name": "j"}, "startsAt": "2026-11-22T08:40:00Z",
+         "fingerprint": f"f{i}"} for i, name in enumerate(names)]}
+
+
+def test_unmatched_alerts_are_counted_by_name_across_workers_and_logged_once_a_minute(gunicorn: Any) -> None:
+    g = gunicorn(workers=2)
+    metrics_dir = Path(g.env["PROMETHEUS_MULTIPROC_DIR"])
+
+    def send(i: int) -> int:
+        resp = requests.post(g.url + "/webhook", data=json.dumps(unmatched("NobodyAsked", "NobodyAsked", "Other2")),
+                             headers={**AUTH, "Content-Type": "application/json", "Connection": "close"},
+                             timeout=10)
+        return resp.status_code
+
+    n = 0
+    with ThreadPoolExecutor(8) as pool:  # until both workers took some (see the test above)
+        while n < 16 or (len(list(metrics_dir.glob("counter_*.db"))) < 2 and n < 400):
+            assert list(pool.map(send, range(8))) == [200] * 8
+            n += 8
+    assert len(list(metrics_dir.glob("counter_*.db"))) >= 2
+    for _ in range(4):  # whichever worker answers the scrape
+        s = samples(requests.get(g.url + "/metrics", headers={"Connection": "close"}, timeout=10).text)
+        assert value(s, "trainmedic_alerts_unmatched_total", alertname="NobodyAsked") == 2 * n
+        assert value(s, "trainmedic_alerts_unmatched_total", alertname="Other2") == n
+    log = Path(g.log.name).read_text()
+    assert log.count("alert NobodyAsked matched no playbook") == 1, log
+    assert log.count("alert Other2 matched no playbook") == 1, log
+
+
+def test_unmatched_alert_names_are_bounded_to_100_then_other(http: Any, r: redis.Redis) -> None:
+    names = [f"Stray{i:03d}" for i in range(130)]
+    for i in range(0, len(names), 10):
+        assert post_json(http, "/webhook", unmatched(*names[i:i + 10])).status_code == 200
+    assert post_json(http, "/webhook", unmatched("Stray000", "Stray129")).status_code == 200
+    s = samples(http.get("/metrics").get_data(as_text=True))
+    counted = {dict(labels)["alertname"]: v for (name, labels), v in s.items()
+               if name == "trainmedic_alerts_unmatched_total"}
+    assert len(counted) == 101 and counted["other"] == 31  # 30 names past the first 100, and one of them again
+    assert counted["Stray000"] == 2 and counted["Stray099"] == 1 and "Stray100" not in counted
+    # A matched alert is not counted.
+    assert post_json(http, "/webhook", loss_spike("llama-ft-09", "m1")).json["remediations"]
+    after = samples(http.get("/metrics").get_data(as_text=True))
+    assert {k: v for k, v in after.items() if k[0] == "trainmedic_alerts_unmatched_total"} == {
+        k: v for k, v in s.items() if k[0] == "trainmedic_alerts_unmatched_total"}
+    assert r.hlen(keys.UNMATCHED) == 101

@@ -49,6 +49,8 @@ GLOBALS = {
     # The scripts' counts for /metrics (backlog by kind, acks by action and status, latency buckets): a field
     # per (action, status) and (action, bucket); a 30-day TTL refreshed by every write.
     keys.METRICS: "constant",
+    # Alerts no playbook matched, by alert name: at most 100 names and `other` (service/unmatched.py).
+    keys.UNMATCHED: "constant",
     # Target label -> when its heartbeat stops counting as live: the reconciler drops those a day past it.
     keys.live("job"): "age",
     keys.live("node"): "age",

@@ -163,6 +163,16 @@ def live(kind: str) -> str:
     return f"{PREFIX}live:{kind}"
 
 
+# Alerts no playbook matched (service/unmatched.py): counts by alert name (at most 100 names and `other`), and
+# per name a mark that lives a minute once its log line is written. One hash tag: one script writes both.
+UNMATCHED = PREFIX + "{unmatched}:counts"
+
+
+def unmatched_logged(name_digest: str) -> str:
+    """String with a TTL: an unmatched alert name (as a digest) was logged within the last minute."""
+    return f"{PREFIX}{{unmatched}}:logged:{name_digest}"
+
+
 # Global keys (their own slot): the history index, pending approvals, live targets.
 METRICS = PREFIX + "metrics"
 # Record ids scored by their history sequence number (service/history.py assigns it when it indexes them).

@@ -1,4 +1,4 @@
-"""The `trainmedic` command: serve, agent, check, send, history, approve, reject, --version."""
+"""The `trainmedic` command: serve, agent, check, send, history, show, match, approve, reject, --version."""
 from __future__ import annotations
 
 import sys
@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from trainmedic.client.settings import Settings, SettingsError
 
-from . import agent, approve, check, credentials, history, send, serve
+from . import agent, approve, check, credentials, history, match, send, serve, show
 from .common import CliError, Parser
 
-COMMANDS = (serve, agent, check, send, history, approve, credentials)
+COMMANDS = (serve, agent, check, send, history, show, match, approve, credentials)
 
 
 def version() -> str:

@@ -60,6 +60,11 @@ def operator_token(settings: Settings) -> str:
     return settings.operator_token
 
 
+def read_token(settings: Settings) -> str | None:
+    """What reads send: TRAINMEDIC_READ_TOKEN, else the operator token, else none (reads may be open)."""
+    return settings.read_token or settings.operator_token or None
+
+
 def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run an API call, turning its HttpError into the CLI's one-line error."""
     from trainmedic.service.http import HttpError

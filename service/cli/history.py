@@ -1,4 +1,4 @@
-"""`trainmedic history`: remediation records from the service's API, as lines or JSON; --follow for new ones."""
+"""`trainmedic history`: remediation records from the service's API, as a table or JSON; --follow for new ones."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,10 @@ from typing import Any
 
 from trainmedic.client.settings import Settings
 
-from .common import UsageError, api, call, need
+from .common import UsageError, api, call, need, read_token
 
 FOLLOW_SECONDS = 2.0
+COLUMNS = ("ID", "CREATED", "STATUS", "PLAYBOOK", "TARGET", "ALERT", "ACTIONS", "OUTCOME")
 
 
 def add(sub: Any) -> None:
@@ -22,24 +23,43 @@ def add(sub: Any) -> None:
     h.set_defaults(run=run)
 
 
-def line(rec: dict) -> str:
-    """One record as a line for people."""
+def target(rec: dict) -> str:
+    """A record's target as `kind:name`, or `kind:none` when its alert named none that can be used."""
     t = rec["target"]
-    acts = ", ".join(f"{a['action']}={a['status']}" for a in rec["actions"]) or "-"
+    # The record's reason (no_target or bad_label) says why there is none; the target says only that.
+    return f"{t['kind']}:{t.get('name') or 'none'}"
+
+
+def cells(rec: dict) -> tuple[str, ...]:
+    """One record's cells, in COLUMNS order."""
     reason = f" ({rec['reason']})" if rec.get("reason") else ""
-    outcome = (rec.get("outcome") or {}).get("status")
-    return (f"{rec['created_at'][:19].replace('T', ' ')}  {rec['status'] + reason:<30} {rec['playbook']:<22} "
-            f"{t['kind']}:{t.get('name') or '?':<20} {rec['alert'].get('alertname', ''):<24} {acts}"
-            + (f"  outcome={outcome}" if outcome else ""))
+    acts = ", ".join(f"{a['action']}={a['status']}" for a in rec["actions"]) or "-"
+    outcome = (rec.get("outcome") or {}).get("status") or "-"
+    return (rec["id"], rec["created_at"][:19].replace("T", " "), rec["status"] + reason, rec["playbook"],
+            target(rec), rec["alert"].get("alertname") or "-", acts, outcome)
+
+
+class Table:
+    """Rows in columns as wide as the widest cell seen first (records that come later keep those widths)."""
+
+    def __init__(self, first: list[tuple[str, ...]]):
+        self.widths = [max([len(h), *(len(row[i]) for row in first)]) for i, h in enumerate(COLUMNS)]
+
+    def line(self, row: tuple[str, ...]) -> str:
+        # The last column is not padded: no trailing spaces.
+        return "  ".join([c.ljust(w) for c, w in zip(row[:-1], self.widths)] + [row[-1]])
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     need("history", "requests")
     if not 1 <= args.limit <= 500:
         raise UsageError("--limit must be from 1 to 500")
-    http = api(settings, args.url)
+    http = api(settings, args.url, read_token(settings))
     items = call(http.get, "/history", {"limit": args.limit})["items"]
-    show = (lambda rec: json.dumps(rec)) if args.json else line
+    table = Table([cells(rec) for rec in items])
+    show = (lambda rec: json.dumps(rec)) if args.json else (lambda rec: table.line(cells(rec)))
+    if not args.json:
+        print(table.line(COLUMNS), flush=True)
     for rec in items:  # newest first, as the page and the API list them
         print(show(rec), flush=True)
     newest = items[0]["id"] if items else ""

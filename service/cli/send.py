@@ -1,4 +1,4 @@
-"""`trainmedic send --job NAME ACTION [KEY=VALUE]...`: one command through the service's POST /commands."""
+"""`trainmedic send --job NAME ACTION [KEY=VALUE]... [--yes]`: one command through the service's POST /commands."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +28,7 @@ def add(sub: Any) -> None:
     s.add_argument("--url", help="the service (default: TRAINMEDIC_URL, else http://127.0.0.1:9095)")
     s.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait up to SECONDS for the job to apply it, and print the record")
+    s.add_argument("--yes", action="store_true", help="send it even though it raises the learning rate")
     s.add_argument("action")
     s.add_argument("params", nargs="*", metavar="KEY=VALUE")
     s.set_defaults(run=run)
@@ -81,6 +82,10 @@ def parse(args: argparse.Namespace) -> dict:
     except ParamError as exc:
         msg = str(exc)
         raise UsageError(msg if args.action in msg else f"{args.action}: {msg}") from None
+    factor = params.get("factor")
+    if args.action == "scale_lr" and isinstance(factor, (int, float)) and factor > 1 and not args.yes:
+        # A raised learning rate can make a run diverge: say so, and send it only when asked twice.
+        raise UsageError(f"scale_lr factor={factor:g} raises the learning rate {factor:g}-fold; add --yes to send it")
     return params
 
 

@@ -31,6 +31,8 @@ def list_history() -> Any:
 
 @bp.get("/remediations/<rid>")
 def get_remediation(rid: str) -> Any:
+    # People name records by the start of their id too (`trainmedic show`): the full id or a unique prefix.
+    rid = history.resolve_record_id(ext().redis, rid)
     rec = records.get(ext().redis, rid)
     if rec is None:
         raise NotFound(f"no remediation with id {rid!r}")
@@ -92,7 +94,8 @@ def command(by: str) -> Any:
         raise BadRequest("expire_after must be longer than zero")
     pb = Playbook(name="manual", matchers=(), target=target.kind, actions=(Step(spec.name, dict(params)),),
                   expire_after=expire_after)
-    labels = {"job_name" if target.kind == "job" else "node": target.name}
+    # An ad-hoc command answers no alert and has no playbook of its own: its alert is named `manual`.
+    labels = {"alertname": "manual", "job_name" if target.kind == "job" else "node": target.name}
     outcome = ext().dispatcher.decide_one(plan.manual(pb, labels, None, by))
     ext().metrics.remediations([outcome])
     return jsonify(records.get(ext().redis, outcome.record_id)), 201

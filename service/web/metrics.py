@@ -29,7 +29,7 @@ from trainmedic.client.wire import keys
 from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS
 from trainmedic.client.wire.redis import is_cluster
 
-from .. import outcomes
+from .. import outcomes, unmatched
 from ..rules.alerts import AlertGroup
 from ..signals import metrics_text as training_signals
 
@@ -83,7 +83,7 @@ class RedisCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("trainmedic_redis_up", "1 when Redis answered this scrape, 0 when it did not.")
         try:
-            families = self._families()
+            families = [*self._families(), self._unmatched()]
         except redis.RedisError as exc:
             # A scrape must still answer when Redis is down: that is when the gauge matters most.
             log.warning("metrics: Redis unavailable: %s", exc)
@@ -203,6 +203,14 @@ class RedisCollector(Collector):
         for playbook, (buckets, total, _) in sorted(hist.items()):
             resolve_f.add_metric([playbook], _cumulative(outcomes.RESOLVE_BUCKETS, buckets), total)
         return [outcomes_f, resolve_f]
+
+    def _unmatched(self) -> Metric:
+        counted = CounterMetricFamily("trainmedic_alerts_unmatched",
+                                      "Alerts no playbook matched, by alert name (at most 100 names, then other).",
+                                      labels=["alertname"])
+        for name, n in sorted(unmatched.counts(self.r).items()):
+            counted.add_metric([name], n)
+        return counted
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:

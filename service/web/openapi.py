@@ -275,9 +275,11 @@ def _paths() -> dict:
             "responses": {"201": created, **BODY_ERRORS, **OPERATOR_ERRORS, "503": REDIS_DOWN},
         }},
         "/remediations/{id}": {"get": {
-            "summary": "One record", "operationId": "getRemediation", "tags": ["remediations"],
-            "parameters": [rid],
-            "responses": {"200": _json(_ref("Record"), "The record."), "404": _error("No such record."),
+            "summary": "One record, by its full id or a unique prefix of at least 8 characters",
+            "operationId": "getRemediation", "tags": ["remediations"], "parameters": [rid],
+            "responses": {"200": _json(_ref("Record"), "The record."),
+                          "400": _error("The prefix starts more than one record's id."),
+                          "404": _error("No such record."),
                           **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/remediations/{id}/approve": {"post": {

@@ -8,6 +8,7 @@ from flask import Blueprint, jsonify
 
 from trainmedic.client.logs import remediation
 
+from .. import unmatched
 from ..decide.plan import plan
 from ..rules.alerts import parse_group
 from .auth import webhook_endpoint
@@ -23,6 +24,10 @@ def webhook() -> Any:
     group = parse_group(read_json())
     x = ext()
     decisions = plan(group, x.playbooks)
+    matched = {id(d.alert) for d in decisions}
+    missed = [a.alertname for a in group.alerts if id(a) not in matched]
+    if missed:
+        unmatched.note(x.redis, missed)
     outcomes = x.dispatcher.execute(decisions)
     x.metrics.webhook(group, outcomes)
     if log.isEnabledFor(logging.INFO):
