@@ -18,8 +18,8 @@ import time
 from functools import partial
 from typing import Any
 
-from gunicorn import http
-from gunicorn.workers.gthread import TConn, ThreadWorker
+from gunicorn import http  # type: ignore[import-untyped]  # gunicorn ships no type hints
+from gunicorn.workers.gthread import TConn, ThreadWorker  # type: ignore[import-untyped]
 
 from trainmedic.client.settings import Settings
 
