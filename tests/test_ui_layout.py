@@ -77,8 +77,12 @@ def site(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Itera
         server.stop()
 
 
-def at(browser: Browser, width: int) -> Page:
-    return browser.new_context(viewport={"width": width, "height": 1000}).new_page()
+def at(browser: Browser, width: int, console: list[str] | None = None) -> Page:
+    """A page `width` px wide; what its console says goes to `console`."""
+    page = browser.new_context(viewport={"width": width, "height": 1000}).new_page()
+    if console is not None:
+        page.on("console", lambda m: console.append(m.text))
+    return page
 
 
 def pages(server: Server, ids: dict[str, str]) -> dict[str, str]:
@@ -97,10 +101,13 @@ def problems_of(page: Page, url: str) -> list[str]:
 def test_no_cell_overflows_or_overlaps_another_at_800_px(site: tuple[Server, dict[str, str]],
                                                           browser: Browser) -> None:
     server, ids = site
-    page = at(browser, 800)
+    console: list[str] = []
+    page = at(browser, 800, console)
     found = {name: problems_of(page, url) for name, url in pages(server, ids).items()}
     shot(page, "layout-800.png")
     assert {k: v for k, v in found.items() if v} == {}
+    # Nothing of the layout needs an inline style or script the Content-Security-Policy refuses.
+    assert not [m for m in console if "Content Security Policy" in m], console
     # Every record's target and actions are on the history at this width, not hidden with their columns.
     page.goto(server.url + "/")
     for rid, shown in ((ids["partial"], "reduce_batch_size"), (ids["dispatched"], "disk_cleanup")):
