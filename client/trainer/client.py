@@ -22,7 +22,7 @@ from ..wire.signing import SigningError, verifier_from
 from . import lr as lrmod
 from .detect import ALERTS, NAN, SPIKE, DetectSettings, Detector
 from .distributed import NONE, Delivery, Ranks, env_rank
-from .identity import job_name
+from .identity import job_name, node_name
 from .state import STATE_VERSION, AppliedState
 
 log = logging.getLogger("trainmedic.client")
@@ -77,6 +77,9 @@ class RemediationClient:
         self._beat_samples: tuple[float, float] | None = None
         self._sps: float | None = None
         self.target = keys.Target("job", self.job)
+        # The node this process runs on (checkpoint_jobs finds jobs by it), and every rank's once they met.
+        self.node = node_name(os.environ)
+        self._nodes: list[str] | None = None
         self.step: int | None = None
         self._warned: set[str] = set()
         self._lock = threading.RLock()
@@ -195,6 +198,8 @@ class RemediationClient:
             if self._ranks.world > 1:
                 if not self._ranks.due(step, self.sync_every):
                     return []
+                if self._nodes is None:
+                    self._nodes = self._ranks.nodes(self.node)
                 with self._lock:
                     deliveries, job = self._ranks.exchange(self._take, self._local_signals())
                     self._job_signals(job)
@@ -398,7 +403,8 @@ class RemediationClient:
         """What GET /targets shows for this job (called from the receiver thread)."""
         info: dict[str, Any] = {"kind": "job", "name": self.job, "host": socket.gethostname(), "pid": os.getpid(),
                       "ranks": self._ranks.world, "step": self.step, "sync_every": self.sync_every,
-                      "actions": self.applier.actions()}
+                      "actions": self.applier.actions(), "node": self.node,
+                      "nodes": self._nodes or ([self.node] if self.node else [])}
         if self.optimizer is not None:
             try:
                 info["lr"] = lrmod.current_lrs(self.optimizer)

@@ -118,6 +118,14 @@ class Ranks:
             out.append(Delivery(eid, cmd, err, bool(expired), tuple(ledger) if ledger is not None else None))
         return out
 
+    def nodes(self, node: str | None) -> list[str]:
+        """Every rank's node, once, at the first collective (so a job spread over nodes is found on each)."""
+        import torch.distributed as dist
+
+        names: list[Any] = [None] * self.world
+        dist.all_gather_object(names, node)
+        return sorted({n for n in names if isinstance(n, str)})
+
     def finish(self) -> list[Delivery]:
         """What rank 0 took from the inbox but no rank applied (a failed exchange); to hand back."""
         announced, self._announced = self._announced, []

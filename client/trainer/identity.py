@@ -29,3 +29,14 @@ def job_name(job: str | None, environ: Mapping[str, str]) -> str:
         return f"slurm-{slurm_id}"
     raise ValueError("No job name: pass job= to RemediationClient or set TRAINMEDIC_JOB (or run under Slurm) to "
                      "the job_name label of its alerts, 1 to 128 letters, digits and _.:@-.")
+
+
+def node_name(environ: Mapping[str, str]) -> str | None:
+    """The node this process runs on, as node agents and alerts name it: TRAINMEDIC_NODE, else Slurm's
+    SLURMD_NODENAME, else the short host name (None when none of them is a valid target name)."""
+    import socket
+
+    for name in (environ.get("TRAINMEDIC_NODE"), environ.get("SLURMD_NODENAME"), socket.gethostname().split(".")[0]):
+        if name and TARGET_NAME_RE.match(name):
+            return name
+    return None

@@ -87,6 +87,19 @@ class Duration(Check):
             raise ParamError(f"{name}: {exc}") from None
 
 
+class Timeout(Duration):
+    """A duration longer than zero and at most an hour (how long the service waits on others)."""
+
+    schema = {"oneOf": [{"type": "string", "pattern": PATTERN, "description": SCHEMA_NOTE},
+                        {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}]}
+
+    def __call__(self, name: str, v: Any) -> float:
+        seconds = super().__call__(name, v)
+        if not 0 < seconds <= 3600:
+            raise ParamError(f"{name} must be longer than zero and at most 1h, not {v!r}")
+        return seconds
+
+
 class Patterns(Check):
     """A non-empty list of glob patterns, each naming an entry (never a path)."""
 
@@ -159,6 +172,11 @@ class GradientAccumulation:
 
 
 @dataclass(frozen=True)
+class CheckpointJobs:
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True)
 class DrainNode:
     reason: str = ""
 
@@ -196,6 +214,8 @@ class ActionSpec:
     undoes: bool = False
     # scale_lr / set_lr: kept in the job's ledger and applied again after a resume (Guarantees 5).
     sticky: bool = False
+    # checkpoint_jobs: carried out by the service itself, never sent to the target's mailbox.
+    by_service: bool = False
 
     def parse(self, params: Any) -> Any:
         """Typed params from a playbook's mapping; raises ParamError naming the allowed keys."""
@@ -261,8 +281,8 @@ class ActionSpec:
 
 
 def _spec(name: str, kind: str, ptype: type, *, undoes: bool = False, sticky: bool = False,
-          **checks: Check) -> ActionSpec:
-    return ActionSpec(name, kind, ptype, checks, undoes, sticky)
+          by_service: bool = False, **checks: Check) -> ActionSpec:
+    return ActionSpec(name, kind, ptype, checks, undoes, sticky, by_service)
 
 
 CATALOGUE: dict[str, ActionSpec] = {s.name: s for s in (
@@ -284,4 +304,7 @@ CATALOGUE: dict[str, ActionSpec] = {s.name: s for s in (
           patterns=_patterns, protect=_patterns, max_bytes=_number(1, integer=True)),
     _spec("drain_node", "node", DrainNode, reason=_reason),
     _spec("resume_node", "node", NoParams, undoes=True),
+    _spec("checkpoint_jobs", "node", CheckpointJobs, by_service=True, timeout=Timeout()),
 )}
+# Actions the service carries out itself: a record that has one is sent by the reconciler, step by step.
+BY_SERVICE = frozenset(name for name, spec in CATALOGUE.items() if spec.by_service)

@@ -276,6 +276,9 @@ class NewRecord:
             fields["verify_ms"] = ms(self.verify)
         if self.stage:
             fields.update(stage=self.stage, parent=self.parent)
+        elif self.parent:
+            # A job's checkpoint made for a node record's checkpoint_jobs: stage 0, linked to that record.
+            fields["parent"] = self.parent
         for i, st in enumerate(self.steps):
             fields[f"a:{i}:spec"] = st.spec()
         if self.sealer is not None:
@@ -446,12 +449,14 @@ def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float
 
 
 def deferred(scripts: Scripts, record_id: str, now: float, command: str, signature: str, early: Early,
-             maxlen: int, reason: str = "") -> str | None:
+             maxlen: int, reason: str = "", results: Mapping[int, str] | None = None) -> str | None:
     """Send a record's command after its conditions (see lua/deferred.lua); its status, or None if not waiting.
-    reason: the record's own reason, when it is set aside whole (tampered)."""
+    reason: the record's own reason, when it is set aside whole (tampered); results: the JSON result of early
+    steps the service carried out itself (checkpoint_jobs), instead of their message."""
     t = keys.target_of_record(record_id)
     args = {"now": int(now * 1000), "at": rfc3339(now), "rid": record_id, "command": command, "signature": signature,
-            "channel": keys.wake_channel(t), "maxlen": maxlen, "early": early_arg(early), "reason": reason}
+            "channel": keys.wake_channel(t), "maxlen": maxlen, "early": early_arg(early), "reason": reason,
+            "results": {str(i): text for i, text in (results or {}).items()}}
     answer = scripts.deferred(keys=[keys.record(record_id), keys.mailbox(t), keys.due_items(t),
                                     keys.metrics(t, scripts.cluster)], args=[dumps(args)])
     return str(answer) if answer else None

@@ -12,6 +12,8 @@ from trainmedic.client.wire import keys, records
 
 from ..prometheus import Prometheus, PrometheusError
 from ..rules import conditions
+from ..rules.playbooks import Playbook
+from .checkpoints import Checkpoints, pending_step
 from .dispatch import Dispatcher, command_for, steps_of
 
 log = logging.getLogger("trainmedic.conditions")
@@ -26,6 +28,7 @@ class Conditions:
         self.r = r
         self.dispatcher = dispatcher
         self.prometheus = prometheus
+        self.checkpoints = Checkpoints(r, dispatcher)
 
     def values(self, target: keys.Target, context: dict[str, Any]) -> dict[str, str | None]:
         """$job, $node and $gpu for a target: a job's node is the host its live heartbeat names."""
@@ -54,9 +57,11 @@ class Conditions:
             return "condition_false", f"The condition returned nothing, so the step did not run: {query}"
         return None, f"The condition held: {query}"
 
-    def run(self, target: keys.Target, h: dict[str, str], now: float) -> str | None:
-        """Evaluate the pending steps' conditions and send the rest; the record's status after."""
+    def run(self, target: keys.Target, h: dict[str, str], now: float, pb: Playbook | None = None) -> str | None:
+        """Carry out checkpoint_jobs first, then evaluate the pending steps' conditions and send the rest; the
+        record's status after (None while its jobs' checkpoints are awaited, or when another did it)."""
         early: list[tuple[int, str, str, str]] = []
+        results: dict[int, str] = {}
         send = []
         if not records.intact(h["id"], h, self.dispatcher.signer):
             # Its hash no longer holds what was decided: nothing of it is sent.
@@ -65,11 +70,20 @@ class Conditions:
                      if h.get(f"a:{i}:status") == "pending"]
             return records.deferred(self.dispatcher.scripts, h["id"], now, "", "", tuple(early),
                                     self.dispatcher.settings.mailbox_maxlen, "tampered")
+        ckpt = pending_step(h)
+        if ckpt is not None:
+            done = self.checkpoints.wait(h, ckpt, pb, now)
+            if done is None:
+                self.checkpoints.retry_at(target, h["id"], now)
+                return None
+            status, reason, result = done
+            early.append((ckpt.index, status, reason, ""))
+            results[ckpt.index] = result
         steps = steps_of(h)
         context = records.loads_or(h.get("context"), {})
         values = self.values(target, context)
         for i, st in enumerate(steps):
-            if h.get(f"a:{i}:status") != "pending":
+            if h.get(f"a:{i}:status") != "pending" or i in results:
                 continue
             if st.when:
                 reason, why = self.evaluate(st.when, values)
@@ -86,7 +100,7 @@ class Conditions:
             text = cmd.to_json()
             signature = self.dispatcher.signer.sign(text.encode())
         status = records.deferred(self.dispatcher.scripts, h["id"], now, text, signature, tuple(early),
-                                  self.dispatcher.settings.mailbox_maxlen)
+                                  self.dispatcher.settings.mailbox_maxlen, results=results)
         log.info("conditions of %s evaluated: %d step(s) sent, %d skipped", h["id"], len(send), len(early),
                  extra={"remediation_id": h["id"], "target": target.label})
         return status

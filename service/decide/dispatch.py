@@ -11,6 +11,7 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from trainmedic.client.wire import keys, protocol, records
+from trainmedic.client.wire.actions import BY_SERVICE
 from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
 from trainmedic.client.wire.records import Step
 from trainmedic.client.wire.redis import is_cluster, run_scripts
@@ -100,18 +101,21 @@ def plan_send(target: keys.Target, steps: Sequence[Step],
 
     A live target whose heartbeat does not list a step's action cannot apply it: an optional step is
     skipped (`unsupported`), another is `unsupported` / `target_cannot` at once; the rest still go out.
+    A step the service carries out itself (checkpoint_jobs) defers the whole command to the reconciler too.
     """
     early: list[tuple[int, str, str, str]] = []
     send: list[tuple[int, Step]] = []
     for i, st in enumerate(steps):
-        if reach is not None and reach.live and reach.actions is not None and st.action not in reach.actions:
+        if st.action in BY_SERVICE:
+            send.append((i, st))
+        elif reach is not None and reach.live and reach.actions is not None and st.action not in reach.actions:
             why = (f"The live process of {target.label} cannot apply {st.action}: its heartbeat does not list it"
                    f"{' (register a handler for it)' if target.kind == 'job' else ''}.")
             early.append((i, "skipped", "unsupported", why) if st.optional else
                          (i, "unsupported", "target_cannot", why))
         else:
             send.append((i, st))
-    return tuple(early), send, any(st.when for _, st in send)
+    return tuple(early), send, any(st.when or st.action in BY_SERVICE for _, st in send)
 
 
 def command_for(record_id: str, target: keys.Target, steps: Iterable[tuple[int, Step]], context: dict, now: float,
@@ -215,11 +219,12 @@ class Dispatcher:
 
     def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
-                   check_reach: bool = False) -> records.NewRecord:
-        """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder);
-        check_reach: made with every step, for DECIDE to check against the heartbeat."""
+                   check_reach: bool = False, rid: str = "") -> records.NewRecord:
+        """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder, or the
+        node record a checkpoint belongs to); check_reach: made with every step, for DECIDE to check against
+        the heartbeat; rid: the record's id when the caller chose it already."""
         pb, s, target = d.playbook, self.settings, d.target
-        rid = new_record_id(target)
+        rid = rid or new_record_id(target)
         steps = d.steps
         fence = protocol.fence(d.alert.fingerprint, d.alert.episode_start, pb.name, d.stage, d.mode)
         command = signature = ""
@@ -244,7 +249,8 @@ class Dispatcher:
             verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=parent, prev=prev,
             ends_at=d.alert.ends_at if d.mode == "resolved" else "",
             ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra,
-            check_reach=check_reach, need=tuple(st.action for _, st in send) if check_reach else (),
+            check_reach=check_reach,
+            need=tuple(st.action for _, st in send if st.action not in BY_SERVICE) if check_reach else (),
             visit_now=defer or bool(pb.notify) or s.notify or pb.silence, sealer=self.signer.seal)
 
     def _index_elsewhere(self, outcomes: list[Outcome], news: list[records.NewRecord], firsts: list[int]) -> None:
@@ -272,10 +278,11 @@ class Dispatcher:
         pipe.execute()
 
     def decide_one(self, d: Decision, now: float | None = None, prev: str = "", parent: str = "",
-                   extra: tuple[tuple[str, str], ...] = ()) -> Outcome:
-        """One decision on its own (manual triggers, the reconciler's on_resolved and stages)."""
+                   extra: tuple[tuple[str, str], ...] = (), rid: str = "") -> Outcome:
+        """One decision on its own (manual triggers, the reconciler's on_resolved, stages and checkpoints)."""
         reach = self.reach([d.target]).get(d.target) if d.steps and not d.resolution.reason else None
-        return self.submit([self.new_record(d, time.time() if now is None else now, prev, parent, extra, reach)])[0]
+        return self.submit([self.new_record(d, time.time() if now is None else now, prev, parent, extra, reach,
+                                            rid=rid)])[0]
 
     def refuse_tampered(self, record_id: str, what: str) -> None:
         """Count and log a record whose hash no longer matches its seal, where the service refused to act on it."""

@@ -91,7 +91,8 @@ class FollowUp:
         """Do what is due for the record, then set when it is next due (or stop following it)."""
         h = records.stored(self.r, rid)
         if h.get("conds") == "1" and h.get("status") == "dispatched":
-            h = records.stored(self.r, rid) if self.conditions.run(target, h, now) else h
+            ran = self.conditions.run(target, h, now, self.playbooks.get(h.get("playbook", "")))
+            h = records.stored(self.r, rid) if ran else h
         pb = self.playbooks.get(h.get("playbook", "")) if h else None
         if not h or h.get("follow") != "1" or pb is None:
             self._stop(target, rid)

@@ -25,7 +25,7 @@ SHIPPED = Path(str(resources.files("trainmedic.playbooks")))
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FIELDS = ("name", "matchers", "target", "actions", "on_resolved", "cooldown", "max_runs", "approval",
            "approval_timeout", "dry_run", "expire_after", "resolve_timeout", "verify", "escalate", "silence",
-           "notify", "description")
+           "notify", "description", "max_active")
 # A remediation needs about this long to show in its alert: Prometheus evaluates the rule again (its `for:`
 # too), and Alertmanager batches the resolve. A shorter `after` may escalate past a stage that worked.
 MIN_AFTER = 60.0
@@ -67,6 +67,8 @@ class Playbook:
     notify: str | None = None
     description: str = ""
     source: str = ""
+    # The breaker (CONTRACT "Breaker"): ("count", N) or ("percent", P) of the live targets of its kind.
+    max_active: tuple[str, int] | None = None
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
@@ -95,7 +97,16 @@ class Playbook:
                                                   for s in self.escalate],
             "silence": self.silence, "notify": urlsplit(self.notify).hostname if self.notify else None,
             "description": self.description, "source": self.source,
+            "max_active": {self.max_active[0]: self.max_active[1]} if self.max_active else None,
         }
+
+    def breaker_limit(self, live: int) -> int:
+        """How many targets may have an open remediation of this playbook with `live` live targets of its kind
+        (0: no bound)."""
+        if self.max_active is None:
+            return 0
+        form, n = self.max_active
+        return n if form == "count" else max(1, live * n // 100)
 
 
 class PlaybookError(Exception):
@@ -303,6 +314,9 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
         opts["max_runs"] = _max_runs(loader, fields["max_runs"][1], p)
     if "description" in fields:
         opts["description"] = str(_scalar(loader, fields["description"][1]) or "")
+    if "max_active" in fields:
+        opts["max_active"] = _max_active(loader, fields["max_active"][1], p)
+    _check_timeouts(fields, actions, opts.get("expire_after"), p)
     if len(p.items) > before:
         return None
     return Playbook(name=name, matchers=tuple(matchers), target=kind, actions=actions, on_resolved=on_resolved,
@@ -393,6 +407,38 @@ def _max_runs(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> tuple[i
         p.add(fields["per"][1], "max_runs.per must be longer than zero")
         return None
     return (count, per) if per else None
+
+
+def _max_active(loader: yaml.SafeLoader, node: yaml.Node, p: _Problems) -> tuple[str, int] | None:
+    """`max_active: {count: N}` or `{percent: P}` (1 to 100)."""
+    fields = _mapping(node, "max_active", p)
+    if fields is None:
+        return None
+    if len(fields) != 1 or not set(fields) <= {"count", "percent"}:
+        p.add(node, "max_active needs exactly one of count or percent, e.g. {count: 2} or {percent: 10}")
+        return None
+    form, (_, vnode) = next(iter(fields.items()))
+    n = _scalar(loader, vnode)
+    hi = 100 if form == "percent" else 1_000_000
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= hi:
+        p.add(vnode, f"max_active.{form} must be an integer from 1 to {hi}")
+        return None
+    return form, n
+
+
+def _check_timeouts(fields: dict[str, tuple[yaml.Node, yaml.Node]], actions: tuple[Step, ...],
+                    expire_after: float | None, p: _Problems) -> None:
+    """A checkpoint_jobs wait must end before the actions after it expire."""
+    expiry = expire_after if expire_after is not None else Playbook.expire_after
+    for st in actions:
+        if st.action != "checkpoint_jobs":
+            continue
+        timeout = CATALOGUE["checkpoint_jobs"].parse(st.params).timeout
+        if timeout >= expiry:
+            p.add(fields["actions"][1], f"checkpoint_jobs timeout ({timeout:g}s) must be shorter than expire_after "
+                                        f"({expiry:g}s): the actions after it would expire before they are sent")
+    if sum(st.action == "checkpoint_jobs" for st in actions) > 1:
+        p.add(fields["actions"][1], "checkpoint_jobs may appear once among a playbook's actions")
 
 
 def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Playbook], list[str]]:
