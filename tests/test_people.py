@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import zlib
@@ -19,6 +20,7 @@ import redis
 import requests
 
 from trainmedic.client.settings import Settings, SettingsError
+from trainmedic.service.cli.serve import add_person_lines
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service.people import People
 
@@ -451,8 +453,9 @@ def test_serve_says_how_to_add_a_person_and_its_command_works(tmp_path: Path, re
     finally:
         proc.terminate()
         proc.wait(30)
-    [at] = [i for i, line in enumerate(lines) if "own token" in line]
-    assert "operator:NAME" in lines[at] and "1 named" in lines[at] and "restart" in lines[at]
+    [at] = [i for i, line in enumerate(lines) if "a token of their own" in line]
+    assert lines[at] == ("# Add a person with a token of their own (recorded as operator:NAME; 1 named so far), "
+                         "then restart:")
     command = lines[at + 1]
     assert str(path) in command and "alice" in command
     assert lines[at + 2].startswith("# Reads (history, pages) are open") and "TRAINMEDIC_READ_TOKEN" in lines[at + 2]
@@ -463,6 +466,14 @@ def test_serve_says_how_to_add_a_person_and_its_command_works(tmp_path: Path, re
     assert added.names == ["operator:alice", "operator:carol"]
     carol = path.read_text().splitlines()[1].split()[1]
     assert added.operator(carol) == "operator:carol" and len(carol) >= 32
+    # Without a tokens file yet, the lines name one in the data dir, and the command makes it for its owner only.
+    data = tmp_path / "data"
+    first, command = add_person_lines(Settings(), data, 0).splitlines()
+    made = data / "operators.tokens"
+    assert f"then set TRAINMEDIC_OPERATOR_TOKENS_FILE={made} and restart" in first
+    subprocess.run(["bash", "-c", command], check=True, timeout=30)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o600
+    assert People.from_settings(Settings(operator_tokens_file=str(made))).names == ["operator:alice"]
 
 
 def test_the_webhook_token_still_posts_webhooks_when_reads_need_a_token(make_app: Any, tokens_file: Path) -> None:

@@ -163,10 +163,10 @@ def add_person_lines(settings: Settings, data: Path, named: int) -> str:
     from trainmedic.service.people import MAKE_TOKEN
 
     path = settings.operator_tokens_file
-    where = (f"{named} named in TRAINMEDIC_OPERATOR_TOKENS_FILE" if path else
-             f"set TRAINMEDIC_OPERATOR_TOKENS_FILE={shlex.quote(str((data / 'operators.tokens').resolve()))}")
     target = shlex.quote(str(Path(path).resolve()) if path else str((data / "operators.tokens").resolve()))
-    return (f"# A person with their own token (recorded as operator:NAME; {where}); restart after:\n"
+    then = (f"{named} named so far), then restart" if path else
+            f"), then set TRAINMEDIC_OPERATOR_TOKENS_FILE={target} and restart")
+    return (f"# Add a person with a token of their own (recorded as operator:NAME{'; ' if path else ''}{then}:\n"
             f"(umask 077; echo \"alice $({MAKE_TOKEN})\" >> {target})")
 
 
