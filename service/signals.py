@@ -78,5 +78,5 @@ def metrics_text(r: Any, now: float | None = None) -> bytes:
         out.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
         prefix = name + '{job_name="'
         # Job names match keys.TARGET_NAME_RE: nothing in them needs escaping in a label value.
-        out.extend(f'{prefix}{t.name}"}} {_number(v[index])}\n' for t, v in rows if v[index] is not None)
+        out.extend(f'{prefix}{t.name}"}} {_number(x)}\n' for t, v in rows if (x := v[index]) is not None)
     return "".join(out).encode()

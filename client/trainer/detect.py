@@ -48,7 +48,8 @@ class DetectSettings:
                     raise ValueError("detect['factor'] must be a finite number above 1")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 100_000:
                 raise ValueError(f"detect[{name!r}] must be a whole number from 1 to 100000")
-        return cls(**{k: (float(v) if k == "factor" else v) for k, v in detect.items()})
+        values: dict[str, Any] = {k: (float(v) if k == "factor" else v) for k, v in detect.items()}
+        return cls(**values)
 
 
 # The median behind the spike threshold is recomputed after this many normal losses (and when the warm-up

@@ -170,19 +170,19 @@ class Detections:
         for label, start in open_.items():
             if label in hung and abs(hung[label] - start) < 1.0:
                 continue  # the same hang, already raised
-            t = keys.parse_label(label)
-            if t is not None:
-                out.extend(self.decide(t, HANG, "resolved", rfc3339(start), rfc3339(now)))
+            gone = keys.parse_label(label)
+            if gone is not None:
+                out.extend(self.decide(gone, HANG, "resolved", rfc3339(start), rfc3339(now)))
             self.r.zrem(keys.HUNG, label)
         for label, start in hung.items():
             if label in open_ and abs(open_[label] - start) < 1.0:
                 continue
-            t = keys.parse_label(label)
-            if t is None:
+            job = keys.parse_label(label)
+            if job is None:
                 continue
             self.r.zadd(keys.HUNG, {label: int(start * 1000)})
-            out.extend(self.decide(t, HANG, "firing", rfc3339(start), "",
-                                   f"Job {t.name} heartbeats but its step has stayed at {steps[label]:.0f} for "
+            out.extend(self.decide(job, HANG, "firing", rfc3339(start), "",
+                                   f"Job {job.name} heartbeats but its step has stayed at {steps[label]:.0f} for "
                                    f"{self.hang_after:.0f} seconds."))
         return out
 
