@@ -14,6 +14,10 @@ $(VENV)/.serve: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[service]'
 	touch $@
 
+$(VENV)/.demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[demo]'
+	touch $@
+
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
@@ -37,8 +41,10 @@ bench: $(VENV)/.test
 	$(BIN)/pip install -q py-spy
 	$(BIN)/python benchmarks/run_all.py
 
-# The closed loop on one machine: Prometheus + Alertmanager (Debian) -> trainmedic -> a toy training job.
-demo: $(VENV)/.test system-deps
+# The closed loop on one machine: Prometheus + Alertmanager (Debian) -> trainmedic -> a toy training job. It
+# installs what the demo runs only: the service, PyTorch, and Debian's Prometheus and Alertmanager.
+demo: $(VENV)/.demo
+	@bash scripts/system-deps demo
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 # An sdist and a wheel in dist/, checked by twine.

@@ -61,9 +61,19 @@ def test_importing_the_client_pulls_in_no_web_stack() -> None:
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """An sdist and a wheel built by `python -m build`, as CI builds them."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True,
-                   capture_output=True, timeout=600)
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True,
+                           capture_output=True, text=True, timeout=600)
+    # What the build said, beside the folder (which holds the two archives only).
+    (out.parent / f"{out.name}.log").write_text(built.stdout + built.stderr)
     yield out
+
+
+def test_the_build_declares_its_package_data_without_a_warning(dist: Path) -> None:
+    said = (dist.parent / f"{dist.name}.log").read_text()
+    # Folders of data (lua/, static/, templates/) once each drew a 40-line "Package would be ignored" warning.
+    assert "absent from the `packages` configuration" not in said and "Package would be ignored" not in said
+    warned = [line for line in said.splitlines() if "warning" in line.lower() and "byte-compiling" not in line]
+    assert warned == [], said
 
 
 def test_build_makes_an_sdist_and_a_wheel_that_twine_accepts(dist: Path) -> None:
@@ -138,3 +148,17 @@ def test_the_agent_extra_runs_the_agent_and_send_without_the_web_stack(dist: Pat
                           capture_output=True, text=True, cwd=tmp_path, env={"PATH": str(bin_dir),
                                                                              "TRAINMEDIC_OPERATOR_TOKEN": "t"})
     assert send.returncode == 1 and "cannot reach http://127.0.0.1:1" in send.stderr, send.stderr
+
+
+def test_make_demo_installs_what_the_demo_runs_and_not_the_test_tools() -> None:
+    assert names(META["optional-dependencies"]["demo"]) == {"trainmedic", "torch"}
+    assert "trainmedic[service]" in META["optional-dependencies"]["demo"]
+    planned = subprocess.run(["make", "-n", "-B", "demo"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    assert "pip install -q -e '.[demo]'" in planned.stdout and "[test]" not in planned.stdout
+    assert "scripts/system-deps demo" in planned.stdout
+    # Debian's Prometheus and Alertmanager only: no Slurm, Chromium or wrk for a demo.
+    listed = subprocess.run(["bash", "-c", "source <(sed -n '/^tools=(/,/^)/p;/^target=/,/^fi/p' scripts/system-deps)"
+                             " demo; printf '%s\\n' \"${tools[@]}\""], capture_output=True, text=True, cwd=ROOT)
+    assert listed.stdout.split() == ["/usr/bin/prometheus-alertmanager:prometheus-alertmanager",
+                                     "/usr/bin/prometheus:prometheus"], listed.stderr
