@@ -334,22 +334,37 @@ def test_the_trainer_command_is_one_the_example_trainer_accepts(compose: dict) -
 
 
 # -- Dockerfile
-def test_the_dockerfile_builds_a_non_root_service_image_from_python_311_slim() -> None:
+def test_the_dockerfile_builds_non_root_images_from_python_311_slim_without_build_tools() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = re.split(r"^FROM\s+", text, flags=re.M)[1:]
     assert stages[0].startswith("python:3.11-slim AS base")
+    named = {re.match(r"\S+\s+AS\s+(\S+)", s).group(1): s for s in stages}
     service = stages[-1]  # the default target
     assert service.startswith("base AS service")
-    assert re.search(r"pip install \"?'?\.\[service\]", service)
-    user = re.findall(r"^USER\s+(\S+)", service, re.M)
-    assert user and user[-1] not in ("root", "0", "0:0")
+    assert re.search(r"pip install \"?'?/src\[service\]", named["service-build"])
+    for final in ("service", "trainer"):
+        # Only the build stage's virtualenv reaches a final image: no pip run there, no compiler, no sources.
+        body = named[final]
+        assert re.search(rf"^COPY --from={final}-build /opt/venv /opt/venv$", body, re.M), final
+        assert not re.search(r"^RUN\b", body, re.M), final
+        user = re.findall(r"^USER\s+(\S+)", body, re.M)
+        assert user and user[-1] not in ("root", "0", "0:0"), final
+    assert "pip uninstall -q -y pip setuptools" in named["service-build"]
+    assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", service, re.M)
     assert "torch==2.13.0" in text  # the trainer pins torch like the project does
+    assert "COPY deploy/docker/constraints.txt /etc/trainmedic-constraints.txt" in text
+    assert "PIP_CONSTRAINT=/etc/trainmedic-constraints.txt" in text
+    pins = [line for line in (ROOT / "deploy/docker/constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert pins and all(re.fullmatch(r"[a-z0-9-]+==[0-9][0-9A-Za-z.+]*", line) for line in pins)
     for src in re.findall(r"^COPY\s+(?!--)(.+)\s+\S+$", text, re.M):
         for path in src.split():
             assert (ROOT / path).exists(), f"COPY source {path} is missing"
-    ignore = (ROOT / ".dockerignore").read_text().split()
-    for kept_out in (".git", ".venv", TOKEN_FILE):
-        assert kept_out in ignore
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().split() if not line.startswith("#")]
+    for kept_out in (".git", ".venv", ".env", TOKEN_FILE, "config/operator.token", "config/signing.key"):
+        parts = kept_out.split("/")
+        assert any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for pattern in ignore
+                   for i in range(1, len(parts) + 1)), kept_out
 
 
 # -- the example trainer
