@@ -174,7 +174,9 @@ class Settings:
         if level not in LOG_LEVELS:
             raise SettingsError(f"TRAINMEDIC_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
         return cls(
-            redis_url=env.get("TRAINMEDIC_REDIS_URL") or None,
+            # Or _FILE: a node agent's own URL (it holds the password) in a file on its node, as `trainmedic
+            # credentials node NAME` printed it; the chart mounts that file into the agent's pod.
+            redis_url=_secret(env, "TRAINMEDIC_REDIS_URL"),
             playbooks=env.get("TRAINMEDIC_PLAYBOOKS") or None,
             webhook_token=_secret(env, "TRAINMEDIC_WEBHOOK_TOKEN"),
             operator_token=_secret(env, "TRAINMEDIC_OPERATOR_TOKEN"),

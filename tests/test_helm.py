@@ -78,7 +78,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                         "redis": {"existingSecret": "redis-auth", "existingSecretKey": "url"}},
     "power-ingress-monitoring": FULL,
     "power-privileged": {"agent": {"powerActions": {"enabled": True, "privileged": True}}},
+    "node-redis-users": {"agent": {"redisUrlFile": "/etc/trainmedic/redis-url",
+                                   "allowRoots": ["/scratch/checkpoints"]}},
 }
+URL_MOUNT = "/etc/trainmedic/redis-url"
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -173,6 +176,8 @@ def test_helm_lint_does_report_a_broken_template(tmp_path: Path) -> None:
     ({"redis": {"url": "http://redis:6379"}}, "redis"),
     ({"server": {"workers": 0}}, "workers"),
     ({"secrets": {"webhookToken": "short"}}, "webhookToken"),
+    ({"agent": {"redisUrlFile": "etc/redis-url"}}, "redisUrlFile"),
+    ({"agent": {"redisUrlFile": "/etc/../root/redis-url"}}, "redisUrlFile"),
 ])
 def test_values_the_schema_refuses(values: dict, where: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=where):
@@ -183,6 +188,12 @@ def test_an_allow_root_may_not_be_a_folder_the_agent_mounts_for_itself() -> None
     for root in (STATE_DIR, "/tmp", SECRET_DIR):
         with pytest.raises(helm.HelmError, match="allowRoots"):
             render({"agent": {"allowRoots": [root]}})
+
+
+@pytest.mark.parametrize("path", [f"{STATE_DIR}/redis-url", STATE_DIR, "/scratch/checkpoints/redis-url"])
+def test_the_redis_url_file_may_not_be_inside_a_folder_the_agent_writes(path: str) -> None:
+    with pytest.raises(helm.HelmError, match=f"agent.redisUrlFile: {path} is inside"):
+        render({"agent": {"redisUrlFile": path, "allowRoots": ["/scratch/checkpoints"]}})
 
 
 def test_the_default_values_render_the_service_the_agent_and_a_secret(rendered: dict) -> None:
@@ -351,7 +362,18 @@ def test_service_and_agent_share_one_redis_url_and_one_secret(rendered: dict, va
     daemonset = only(objects, "DaemonSet")
     agent = container(daemonset)
     agent_env = env_of(agent)
-    assert agent_env["TRAINMEDIC_REDIS_URL"] == server_env["TRAINMEDIC_REDIS_URL"]
+    url_file = values.get("agent", {}).get("redisUrlFile")
+    if url_file:
+        # Each node's own user, from a file its node holds: no agent gets the service's URL, nor another's.
+        assert "TRAINMEDIC_REDIS_URL" not in agent_env
+        assert agent_env["TRAINMEDIC_REDIS_URL_FILE"] == {"name": "TRAINMEDIC_REDIS_URL_FILE", "value": URL_MOUNT}
+        volume = volumes_of(daemonset)["redis-url"]
+        assert volume["hostPath"] == {"path": url_file, "type": "File"}
+        assert [m for m in agent["volumeMounts"] if m["name"] == "redis-url"] == [
+            {"name": "redis-url", "mountPath": URL_MOUNT, "readOnly": True}]
+    else:
+        assert agent_env["TRAINMEDIC_REDIS_URL"] == server_env["TRAINMEDIC_REDIS_URL"]
+        assert "TRAINMEDIC_REDIS_URL_FILE" not in agent_env and "redis-url" not in volumes_of(daemonset)
     # The agent's verify key comes from the same Secret as the service's signing key, and only it.
     agent_volume = volumes_of(daemonset)["verify-key"]["secret"]
     assert agent_volume["secretName"] == server_volume["secretName"]
@@ -471,7 +493,8 @@ def test_host_access_only_where_values_ask_for_it(rendered: dict, values_name: s
             assert pod["securityContext"]["runAsNonRoot"] is True
             continue
         roots = agent_values.get("allowRoots", [])
-        assert set(host_paths) == {STATE_DIR, *roots}
+        url_file = agent_values.get("redisUrlFile")
+        assert set(host_paths) == {STATE_DIR, *roots, *([url_file] if url_file else [])}
         mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
         for root in roots:
             volume = host_paths[root]
@@ -503,6 +526,9 @@ def test_notes_say_how_to_wire_alertmanager_and_trainers() -> None:
     assert "send_resolved: true" in notes and "max_alerts: 0" in notes and "credentials_file:" in notes
     assert "verify-key" in notes and "operator-token" in notes
     assert "no node agent" in render({"agent": {"enabled": False}})["trainmedic/templates/NOTES.txt"].lower()
+    assert "redis-url" not in notes
+    own = render(VALUE_SETS["node-redis-users"])["trainmedic/templates/NOTES.txt"]
+    assert "own node's Redis URL from /etc/trainmedic/redis-url" in own and "trainmedic credentials node" in own
 
 
 # --- the generated Secret ------------------------------------------------------------------------------

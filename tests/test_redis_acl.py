@@ -358,7 +358,8 @@ def test_docker_compose_gives_each_service_its_own_redis_user_with_its_password_
     stack = {"SERVICE": "trainmedic", "AGENT": "trainmedic-node-${TRAINMEDIC_NODE:-gpu-node-01}",
              "TRAINER": "trainmedic-job-example-job"}
     assert redis_svc["environment"]["TRAINMEDIC_NODE"] == "${TRAINMEDIC_NODE:-gpu-node-01}"
-    assert compose["agent"]["command"][compose["agent"]["command"].index("--node") + 1] == "${TRAINMEDIC_NODE:-gpu-node-01}"
+    agent_cmd = compose["agent"]["command"]
+    assert agent_cmd[agent_cmd.index("--node") + 1] == "${TRAINMEDIC_NODE:-gpu-node-01}"
     job = compose["trainer"]["command"]
     assert redis_svc["environment"]["TRAINMEDIC_JOB"] == job[job.index("--job") + 1] == "example-job"
     for name, who in (("trainmedic", "SERVICE"), ("agent", "AGENT"), ("trainer", "TRAINER")):
@@ -420,16 +421,20 @@ def test_one_nodes_or_jobs_own_user_cannot_touch_another_nodes_or_jobs_keys(acl_
     other_job = redis.Redis.from_url(credentials(acl_redis, "job", "other-job"), decode_responses=True)
     node, job = keys.Target("node", NODE), keys.Target("job", JOB)
     node_rid, job_rid = f"01ARZ3NDEKTSV4RRFFQ69G5FAV~node~{NODE}", f"01ARZ3NDEKTSV4RRFFQ69G5FAV~job~{JOB}"
+
+    def attempts(who: redis.Redis, target: keys.Target, rid: str) -> dict[str, Any]:
+        return {
+            "rewrite a held record's steps": lambda: who.hset(keys.record(rid), "a:0:spec", "{}"),
+            "read a record": lambda: who.hget(keys.record(rid), "status"),
+            "XADD into the mailbox": lambda: who.xadd(keys.mailbox(target), {"c": "{}", "s": ""}),
+            "move the cursor": lambda: who.set(keys.cursor(target), "9999999999999-0"),
+            "forge the heartbeat": lambda: who.set(keys.heartbeat(target), "{}"),
+            "wake it": lambda: who.publish(keys.wake_channel(target), "x"),
+        }
+
     try:
         for who, target, rid in ((other_node, node, node_rid), (other_job, job, job_rid)):
-            calls = {
-                "rewrite a held record's steps": lambda: who.hset(keys.record(rid), "a:0:spec", "{}"),
-                "read a record": lambda: who.hget(keys.record(rid), "status"),
-                "XADD into the mailbox": lambda: who.xadd(keys.mailbox(target), {"c": "{}", "s": ""}),
-                "move the cursor": lambda: who.set(keys.cursor(target), "9999999999999-0"),
-                "forge the heartbeat": lambda: who.set(keys.heartbeat(target), "{}"),
-                "wake it": lambda: who.publish(keys.wake_channel(target), "x"),
-            }
+            calls = attempts(who, target, rid)
             allowed = [what for what, call in calls.items() if not refused(call)]
             assert allowed == [], allowed
         # Each still works on its own keys.
@@ -486,4 +491,47 @@ def test_a_held_record_its_own_node_rewrote_is_refused_on_approval_and_nothing_i
         g.stop()
         service.close()
         node_user.close()
+        inspector.acl_log_reset()
+
+
+def test_redis_url_file_is_read_like_the_other_file_settings(tmp_path: Path) -> None:
+    from trainmedic.client.settings import Settings, SettingsError
+
+    path = tmp_path / "redis-url"
+    path.write_text("redis://trainmedic-node-n1:pw@redis.example:6379/0\n")
+    assert Settings.from_env({"TRAINMEDIC_REDIS_URL_FILE": str(path)}).redis_url == \
+        "redis://trainmedic-node-n1:pw@redis.example:6379/0"
+    # The variable itself wins, as TRAINMEDIC_SIGNING_KEY wins over its _FILE.
+    assert Settings.from_env({"TRAINMEDIC_REDIS_URL": "redis://other:6379/0",
+                              "TRAINMEDIC_REDIS_URL_FILE": str(path)}).redis_url == "redis://other:6379/0"
+    with pytest.raises(SettingsError, match=f"cannot read TRAINMEDIC_REDIS_URL_FILE {tmp_path / 'missing'}: "):
+        Settings.from_env({"TRAINMEDIC_REDIS_URL_FILE": str(tmp_path / "missing")})
+
+
+def test_a_node_agent_reads_its_own_users_url_from_a_file_and_runs_with_it(acl_redis, inspector,
+                                                                            tmp_path: Path) -> None:
+    import sys
+
+    node = "file-node"
+    url_file = tmp_path / "redis-url"
+    url_file.write_text(credentials(acl_redis, "node", node) + "\n")
+    url_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
+    env.update(TRAINMEDIC_REDIS_URL_FILE=str(url_file), TRAINMEDIC_VERIFY_KEY=VERIFY_KEY,
+               LD_LIBRARY_PATH=str(tmp_path / "no-nvml-here"))
+    log = open(tmp_path / "agent.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "trainmedic.service.cli", "agent", "--node", node,
+                             "--state-dir", str(tmp_path / "state"), "--scheduler", "none"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        beat = keys.heartbeat(keys.Target("node", node))
+        jobs.wait_until(lambda: inspector.exists(beat) or proc.poll() is not None, timeout=30, what="its heartbeat")
+        assert proc.poll() is None, (tmp_path / "agent.log").read_text()
+        users = {c.get("user") for c in inspector.client_list()}
+        assert f"trainmedic-node-{node}" in users, users
+        assert denials(inspector) == []
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
         inspector.acl_log_reset()
