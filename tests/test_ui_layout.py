@@ -171,5 +171,15 @@ def test_a_held_record_shows_what_approving_sends_beside_the_buttons(site: tuple
     # The plan and the buttons sit together: the plan ends where the buttons begin, or just above them.
     box, buttons = plan.bounding_box(), page.locator(".decide").bounding_box()
     assert box is not None and buttons is not None and 0 <= buttons["y"] - (box["y"] + box["height"]) < 40
+    expect(page.locator(".approval")).to_contain_text("has not checked in during the last minute")
     shot(page, "record-held.png")
+    # A live target is asked nothing it cannot do without the page saying so beside that action.
+    page.goto(f"{server.url}/records/{ids['held_live']}")
+    steps = page.locator(".approval .sends li")
+    expect(steps).to_have_count(2)
+    expect(steps.nth(0).locator("code")).to_have_text("scale_lr")
+    expect(steps.nth(0).locator(".params")).to_have_text("factor 0.5")
+    expect(steps.nth(0).locator(".warn")).to_have_count(0)
+    expect(steps.nth(1).locator(".warn")).to_contain_text("does not list save_checkpoint")
+    expect(page.locator(".approval")).not_to_contain_text("has not checked in")
     page.context.close()

@@ -49,6 +49,13 @@ playbooks:
     approval_timeout: 4h
     actions:
       - drain_node: {reason: "GPU hardware error (XID 79, fallen off the bus) reported by DCGM on GPU 3"}
+  - name: lr-held
+    matchers: ['alertname="TrainingLossPlateau"']
+    target: job
+    approval: true
+    actions:
+      - scale_lr: {factor: 0.5}
+      - save_checkpoint: {}                 # its process has no handler for it
   - name: throughput-drop
     matchers: ['alertname="TrainingThroughputDrop"']
     target: job
@@ -76,8 +83,9 @@ def _utc(t: float) -> str:
 
 @contextmanager
 def seeded(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
-    """An app and its history: the ids of an effective, a partially applied, a held, a dispatched, a skipped,
-    an action-less and a badly labelled record, by those names."""
+    """An app and its history: the ids of an effective, a partially applied, a held (for a node that is not
+    live, and for a live job that cannot apply one of its actions), a dispatched, a skipped, an action-less
+    and a badly labelled record, by those names."""
     (tmp_path / "pb.yaml").write_text(PLAYBOOKS)
     app = make_app(playbooks=str(tmp_path / "pb.yaml"), UI_REFRESH_SECONDS=3600)
     http = app.test_client()
@@ -122,6 +130,7 @@ def seeded(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Ite
         ids["partial"] = remediate(alert("GPUMemoryUsageHighSustained", "b1", job_name=JOB))
         ids["dispatched"] = fire(alert("DiskSpaceLow", "c1", node=NODE))
         ids["held"] = fire(alert("GPUXidErrorUncorrectable", "x1", node=NODE))
+        ids["held_live"] = fire(alert("TrainingLossPlateau", "p1", job_name=JOB))
         ids["no_actions"] = fire(alert("TrainingThroughputDrop", "d1", job_name="bert-large-pretrain-wiki-03"))
         ids["bad_label"] = fire(alert("TrainingThroughputDrop", "e1", job_name="../../etc/passwd"))
         yield app, ids
