@@ -249,6 +249,16 @@ OUTCOME_COUNTS = PREFIX + "outcome_counts"
 RESOLVE_HISTOGRAM = PREFIX + "ttr_histogram"
 
 
+def breaker_open(playbook: str) -> str:
+    """Sorted set: the open remediations a playbook's max_active counts (lua/breaker.lua), in its own slot."""
+    return f"{PREFIX}{{breaker:{playbook}}}:open"
+
+
+def breaker_state(playbook: str) -> str:
+    """String: set while the playbook's breaker holds new remediations back (trainmedic_breaker_open)."""
+    return f"{PREFIX}{{breaker:{playbook}}}:state"
+
+
 def chart_cache(t: Target, record_id: str) -> str:
     """String: Prometheus's answer for a record's metric chart, for a short while (its TTL)."""
     return f"{PREFIX}{t.tag}:chart:{record_id}"

@@ -61,7 +61,8 @@ def ms(seconds: float) -> int:
 # status or outcome).
 JOURNALING = frozenset({"decide_many", "approve", "claim", "ack", "reconcile", "verdict", "deferred"})
 # lua/decide.lua runs inside DECIDE_MANY (see lua()), never on its own.
-SCRIPTS = ("decide_many", "approve", "claim", "ack", "reconcile", "release", "reapply", "verdict", "deferred")
+SCRIPTS = ("decide_many", "approve", "claim", "ack", "reconcile", "release", "reapply", "verdict", "deferred",
+           "breaker")
 
 
 class Scripts:
@@ -82,6 +83,7 @@ class Scripts:
     reapply: Any
     verdict: Any
     deferred: Any
+    breaker: Any
 
 
 Call = tuple[Any, list[str], list[Any]]
@@ -472,6 +474,13 @@ def verdict(scripts: Scripts, record_id: str, status: str, resolved_at: str | No
 
 
 # -- reading --------------------------------------------------------------------------------------------
+
+def breaker_call(scripts: Scripts, op: str, playbook: str, now: float, member: str, limit: int,
+                 lease: float) -> Call:
+    """A BREAKER call (see lua/breaker.lua): claim a place under the playbook's max_active, or release one."""
+    args = {"op": op, "now": ms(now), "member": member, "limit": limit, "lease_ms": max(1, ms(lease))}
+    return (scripts.breaker, [keys.breaker_open(playbook), keys.breaker_state(playbook)], [dumps(args)])
+
 
 def loads_or(text: str | None, default: Any = None) -> Any:
     return json.loads(text) if text else default

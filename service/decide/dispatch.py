@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Iterable, Sequence
 
@@ -17,6 +17,7 @@ from trainmedic.client.wire.records import Step
 from trainmedic.client.wire.redis import is_cluster, run_scripts
 from trainmedic.client.wire.signing import Signer
 
+from .breaker import HOLDS, Breaker
 from .plan import Decision
 
 log = logging.getLogger("trainmedic.dispatch")
@@ -146,6 +147,7 @@ class Dispatcher:
         self.signer = signer
         self.settings = settings
         self.scripts = records.Scripts(r)
+        self.breaker = Breaker(r, self.scripts)
 
     def execute(self, decisions: list[Decision]) -> list[Outcome]:
         """Decide, record and dispatch each decision atomically, and index the new records.
@@ -157,18 +159,35 @@ class Dispatcher:
         if not decisions:
             return []
         now = time.time()
+        # The breaker first (its own slot): a pair refused a place is recorded skipped / breaker_open.
+        bounded = [i for i, d in enumerate(decisions) if d.playbook.max_active and d.mode == "firing"
+                   and d.steps and not d.resolution.reason and d.target.name]
+        rids = {i: new_record_id(decisions[i].target) for i in bounded}
+        claims = dict(zip(bounded, self.breaker.claim([(decisions[i].playbook, rids[i]) for i in bounded], now)))
+        for i, claim in claims.items():
+            if claim != "ok":
+                d = decisions[i]
+                decisions[i] = replace(d, resolution=replace(d.resolution, reason="breaker_open", detail=(
+                    f"Playbook {d.playbook.name} has as many targets with an open remediation as its max_active "
+                    "allows, so this one was not dispatched.")))
         # DECIDE reads each target's heartbeat itself; a pair whose command does not fit it comes back
         # 'reach' (nothing written) and is decided again below with the heartbeat read here.
-        news = [self.new_record(d, now, check_reach=bool(d.steps and not d.resolution.reason and d.target.name))
-                for d in decisions]
+        news = [self.new_record(d, now, check_reach=bool(d.steps and not d.resolution.reason and d.target.name),
+                                rid=rids.get(i, "")) for i, d in enumerate(decisions)]
         answers = self._run(news)
         again = [i for i, a in enumerate(answers) if str(a[0]) == "reach"]
         if again:
             reach = self.reach({decisions[i].target for i in again})
             for i in again:
-                news[i] = self.new_record(decisions[i], now, reach=reach.get(decisions[i].target))
+                news[i] = self.new_record(decisions[i], now, reach=reach.get(decisions[i].target), rid=news[i].rid)
             for i, a in zip(again, self._run([news[i] for i in again])):
                 answers[i] = a
+        if claims:
+            self.breaker.release([(decisions[i].playbook, rids[i]) for i, c in claims.items()
+                                  if c == "ok" and str(answers[i][0]) not in HOLDS], now)
+            for i, c in claims.items():
+                if c == "opened" and str(answers[i][0]) == "skipped":
+                    self.breaker.opened(rids[i], decisions[i].playbook.name, now)
         return self._finish(news, answers)
 
     def submit(self, news: list[records.NewRecord]) -> list[Outcome]:

@@ -98,6 +98,11 @@ class FollowUp:
             self._stop(target, rid)
             return
         status = h["status"]
+        if h.get("breaker_opened") and h.get("reason") == "breaker_open":
+            # The refusal that opened its playbook's breaker: one notification, nothing else to follow.
+            self._notify(h, pb, ["breaker_open"])
+            self._stop(target, rid)
+            return
         if status == "pending_approval":
             self._notify(h, pb, ["held"])
             return  # RECONCILE keeps it due at its approval deadline
@@ -241,6 +246,9 @@ class FollowUp:
         """End the ladder once: expire its silence, and say so when it ended unresolved."""
         if not records.mark_once(self.r, first["id"], "ladder_end", how):
             return
+        if pb.max_active:
+            # The ladder's remediation is no longer open: its place under max_active is free.
+            self.dispatcher.breaker.release([(pb, first["id"])])
         log.info("ladder of %s ended: %s", first["id"], how, extra={"remediation_id": first["id"]})
         self._expire_silence(first)
         if how == "unresolved":

@@ -18,6 +18,8 @@ EVENTS = {
     "lost": "was lost: the process that took it ended before acknowledging it",
     "ineffective": "was ineffective: its alert still fires after the verify time",
     "unresolved": "ended its escalation ladder unresolved: trainmedic has nothing left to try",
+    "breaker_open": ("was not dispatched: its playbook's breaker opened (as many targets have an open remediation "
+                     "as max_active allows); later alerts are skipped until remediations end"),
 }
 
 

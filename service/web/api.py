@@ -140,8 +140,11 @@ def reject(rid: str, by: str) -> Any:
 def playbooks() -> Any:
     """Each loaded playbook as loaded, with its outcomes over the last 30 days."""
     x = ext()
-    stats = outcomes.summaries(x.redis, [p.name for p in x.playbooks], time.time())
-    return jsonify({"items": [{"name": p.name, "settings": p.settings(), **stats[p.name].as_dict()}
+    now = time.time()
+    stats = outcomes.summaries(x.redis, [p.name for p in x.playbooks], now)
+    breakers = x.dispatcher.breaker.state(x.playbooks, now)
+    return jsonify({"items": [{"name": p.name, "settings": p.settings(), **stats[p.name].as_dict(),
+                               **({"breaker": breakers[p.name]} if p.name in breakers else {})}
                               for p in x.playbooks]})
 
 

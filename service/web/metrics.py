@@ -77,13 +77,15 @@ class _Process(Collector):
 class RedisCollector(Collector):
     """What lives in Redis: acks by action and status, ack latency, backlog, live targets, Redis health."""
 
-    def __init__(self, r: redis.Redis):
+    def __init__(self, r: redis.Redis, bounded: tuple[str, ...] = ()):
         self.r = r
+        # Playbooks with a max_active: trainmedic_breaker_open has a series for each.
+        self.bounded = bounded
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("trainmedic_redis_up", "1 when Redis answered this scrape, 0 when it did not.")
         try:
-            families = [*self._families(), self._unmatched()]
+            families = [*self._families(), self._unmatched(), self._breakers()]
         except redis.RedisError as exc:
             # A scrape must still answer when Redis is down: that is when the gauge matters most.
             log.warning("metrics: Redis unavailable: %s", exc)
@@ -204,6 +206,18 @@ class RedisCollector(Collector):
             resolve_f.add_metric([playbook], _cumulative(outcomes.RESOLVE_BUCKETS, buckets), total)
         return [outcomes_f, resolve_f]
 
+    def _breakers(self) -> Metric:
+        """trainmedic_breaker_open: 1 while a playbook's max_active holds back new remediations."""
+        family = GaugeMetricFamily("trainmedic_breaker_open", "1 while the playbook's max_active holds back new "
+                                   "remediations.", labels=["playbook"])
+        if self.bounded:
+            pipe = self.r.pipeline(transaction=False)
+            for name in self.bounded:
+                pipe.exists(keys.breaker_state(name))
+            for name, is_open in zip(self.bounded, pipe.execute()):
+                family.add_metric([name], 1 if is_open else 0)
+        return family
+
     def _unmatched(self) -> Metric:
         counted = CounterMetricFamily("trainmedic_alerts_unmatched",
                                       "Alerts no playbook matched, by alert name (at most 100 names, then other).",
@@ -242,22 +256,24 @@ def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict, ba
             log.warning("metrics: ignoring malformed ack stats field %r", field)
 
 
-def registry_for(r: redis.Redis) -> CollectorRegistry:
-    """A registry for one scrape: every worker's counters (or this process's) plus what Redis holds."""
+def registry_for(r: redis.Redis, bounded: tuple[str, ...] = ()) -> CollectorRegistry:
+    """A registry for one scrape: every worker's counters (or this process's) plus what Redis holds (bounded:
+    the playbooks with a max_active)."""
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)
     else:
         registry.register(_Process())
-    registry.register(RedisCollector(r))
+    registry.register(RedisCollector(r, bounded))
     return registry
 
 
 @bp.get("/metrics")
 def metrics() -> Response:
     """Prometheus text format: every worker's counters plus what Redis holds, and every job's training signals."""
-    r = current_app.extensions["trainmedic"].redis
-    body = generate_latest(registry_for(r))
+    x = current_app.extensions["trainmedic"]
+    r = x.redis
+    body = generate_latest(registry_for(r, tuple(p.name for p in x.playbooks if p.max_active)))
     try:
         body += training_signals(r)
     except redis.RedisError as exc:  # trainmedic_redis_up says so already; the rest of the scrape still answers

@@ -174,6 +174,12 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {"median": {"type": "number", "nullable": True},
                                "p90": {"type": "number", "nullable": True}},
                 "description": "From the last ack to the alert's end, over the effective records of 30 days."},
+            "breaker": {
+                "type": "object", "required": ["limit", "active", "open"],
+                "properties": {"limit": {"type": "integer", "minimum": 0}, "active": {"type": "integer", "minimum": 0},
+                               "open": {"type": "boolean"}},
+                "description": "A playbook with max_active: its bound now, the targets with an open remediation, "
+                               "and whether it holds new remediations back."},
         },
     },
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["ok"]}}},

@@ -88,10 +88,12 @@ def _reset_at() -> str | None:
 def _strip(ext: Any, now: float) -> list[dict]:
     """Per playbook, its outcomes over 30 days (the index page's effectiveness strip)."""
     stats = outcomes.summaries(ext.redis, [p.name for p in ext.playbooks], now)
+    breakers = ext.dispatcher.breaker.state(ext.playbooks, now)
     rows = []
     for name, st in stats.items():
         shown = {k: st.counts[k] for k in ("effective", "ineffective", "pending")}
-        rows.append({"name": name, "counts": shown, "total": sum(shown.values()), "median": st.median})
+        rows.append({"name": name, "counts": shown, "total": sum(shown.values()), "median": st.median,
+                     "breaker": breakers.get(name)})
     return rows
 
 
