@@ -1,4 +1,4 @@
-"""trainmedic against the baseline service (../shared/peers), side by side in one run, on an alert storm.
+"""trainmedic against the baseline service (benchmarks/baseline/), side by side in one run, on an alert storm.
 
 Run: .venv/bin/python benchmarks/baseline_compare.py [--seconds 10] [--rounds 3]
 
@@ -32,14 +32,13 @@ from trainmedic.client.wire import keys
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service import history
 
-PEERS = Path(os.environ.get("TRAINMEDIC_BASELINE_DIR", ROOT.parent / "shared" / "peers"))
-if not (PEERS / "seed_auto_remediation.py").exists():
-    PEERS = Path("/work/shared/peers")
+# The service trainmedic replaces, kept beside the benchmarks (benchmarks/baseline/README.md says what it is).
+PEERS = Path(os.environ.get("TRAINMEDIC_BASELINE_DIR", ROOT / "benchmarks" / "baseline"))
 LUA = ROOT / "benchmarks" / "storm.lua"
 
 
 class Baseline:
-    """The seed's AutoRemediationSystem under gunicorn (its README's command), logs into a temp folder."""
+    """The baseline's AutoRemediationSystem under gunicorn (its README's command), logs into a temp folder."""
 
     def __init__(self, workers: int = 4):
         self.tmp = Path(tempfile.mkdtemp(prefix="trainmedic-baseline-"))

@@ -4,7 +4,7 @@ the issue requires, beside the baseline and the goals, in one run.
 Run: .venv/bin/python benchmarks/webhook_bound.py [--seconds 10] [--alerts 2000]
 
 Measured in one run, on one machine:
-- the baseline (../shared/peers) under gunicorn, 4 sync workers, and wrk with benchmarks/storm.lua (both
+- the baseline (benchmarks/baseline/) under gunicorn, 4 sync workers, and wrk with benchmarks/storm.lua (both
   streams, as in baseline_compare.py);
 - the framework's floor: a Flask app under trainmedic's gunicorn settings (4 gthread workers, 4 threads) that
   only checks the token, parses the notification and answers: no Redis, no planning, no signing;

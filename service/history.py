@@ -1,6 +1,6 @@
 """The history: remediation records newest first, with filters and a cursor, answered from indexes.
 
-The index (CONTRACT "GET /history" v2: full pages, every record within retention listed and filterable):
+The index (README "HTTP API", GET /history: full pages, every record within retention listed and filterable):
 
 - Every record gets a sequence number when it is first indexed (HIST_SEQ, INCRBY); `keys.HISTORY` holds record
   ids scored by it, and the record keeps it in its `seq` field.

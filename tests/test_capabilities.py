@@ -1,6 +1,6 @@
 """Out of the box and at decision time: the shipped playbooks never end red with a plain client and a plain
 agent; a live target that cannot do a step gets it `unsupported` / `target_cannot` at once; a target nobody
-runs is `no_live_target` on the record and the page (CONTRACT "Shipped playbooks", issue 12)."""
+runs is `no_live_target` on the record and the page (README: the shipped playbooks)."""
 from __future__ import annotations
 
 import json

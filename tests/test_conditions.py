@@ -1,4 +1,4 @@
-"""`when:` conditions with the real Prometheus (CONTRACT "Conditions"): evaluated by the reconciler, never the
+"""`when:` conditions with the real Prometheus (README: Playbooks, `when:`): evaluated by the reconciler, never the
 webhook; true runs the step, false skips it (`condition_false`), unreachable or a variable without a value
 skips it (`condition_unknown`); variables go in escaped; `check` parses with promtool, else on its own."""
 from __future__ import annotations

@@ -33,7 +33,7 @@ from tests.conftest import ROOT, post_json
 CONFIG = ROOT / "config"
 RULE_FILES = sorted(glob.glob(str(CONFIG / "rules" / "*.yml")))
 RULES_TEST = ROOT / "tests" / "rules_test.yml"
-CONTRACT_SERVICES = {"redis", "trainmedic", "agent", "prometheus", "alertmanager", "trainer"}
+PROMISED_SERVICES = {"redis", "trainmedic", "agent", "prometheus", "alertmanager", "trainer"}
 TOKEN_FILE = "config/trainmedic.token"  # made by the user (README); never committed
 PLAYBOOK_ALERTS = {"GPUTemperatureHigh", "GPUMemoryUsageHigh", "GPUXidError", "TrainingLossSpike",
                    "TrainingThroughputDrop", "DiskSpaceLow"}
@@ -196,7 +196,7 @@ def test_every_alert_the_rules_fire_resolves_to_a_target_and_is_dispatched(http:
 
 # -- docker-compose.yml
 def test_compose_runs_every_service_the_contract_names(compose: dict) -> None:
-    assert CONTRACT_SERVICES <= set(compose["services"])
+    assert PROMISED_SERVICES <= set(compose["services"])
 
 
 def test_every_file_and_folder_the_compose_file_mounts_or_builds_exists(compose: dict) -> None:

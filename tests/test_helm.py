@@ -456,7 +456,7 @@ def test_the_agent_runs_on_gpu_nodes_named_by_the_downward_api(rendered: dict, v
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--allow-root"] == agent_values["allowRoots"]
     assert cmd[cmd.index("--scheduler") + 1] == "none"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
-    # The state dir is on the node, so the state file outlives the pod (CONTRACT Guarantees 4 and 7).
+    # The state dir is on the node, so the state file outlives the pod (it remembers power limits to restore).
     volumes = volumes_of(daemonset)
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     state = [n for n, v in volumes.items() if v.get("hostPath", {}).get("path") == STATE_DIR]

@@ -26,8 +26,8 @@ playbooks:
     approval: true
 """
 
-# CONTRACT.md's HTTP API table: every method, path and status code it promises.
-CONTRACT = {
+# The README's HTTP API table: every method, path and status code it promises.
+PROMISED = {
     ("post", "/webhook"): {"200", "400", "401", "413", "415", "503"},
     ("get", "/history"): {"200", "400"},
     ("get", "/remediations/{id}"): {"200", "404"},
@@ -49,7 +49,7 @@ def test_the_document_names_every_endpoint_and_status_of_the_contract(http: Any)
     assert resp.status_code == 200 and resp.mimetype == "application/json"
     doc = resp.get_json()
     assert doc["openapi"].startswith("3.0.")
-    for (method, path), statuses in CONTRACT.items():
+    for (method, path), statuses in PROMISED.items():
         op = doc["paths"][path][method]
         assert statuses <= set(op["responses"]), (method, path, statuses - set(op["responses"]))
         errors = [code for code in op["responses"] if code[0] in "45"]
@@ -67,7 +67,7 @@ def test_the_document_names_every_endpoint_and_status_of_the_contract(http: Any)
     assert set(doc["components"]["securitySchemes"]) == {"webhook", "operator", "read"}
     assert "operator:NAME" in doc["components"]["securitySchemes"]["operator"]["description"]
     record = doc["components"]["schemas"]["Record"]
-    # The record's fields as CONTRACT.md lists them (v2), described by the module that writes them.
+    # The record's fields as the README lists them, described by the module that writes them.
     assert set(record["required"]) == {
         "id", "created_at", "playbook", "status", "reason", "alert", "target", "actions", "requested_by",
         "approved_by", "approved_at", "rejected_by", "rejected_at", "approval_comment", "outcome", "escalation",

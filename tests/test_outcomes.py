@@ -1,5 +1,5 @@
 """Did it work? Outcomes, escalation ladders and notifications, driven through the webhook and the reconciler
-with the real Redis (CONTRACT "Outcomes and escalation", "Notifications"). Time is the reconciler's `now`."""
+with the real Redis (README: "Did it work?"). Time is the reconciler's `now`."""
 from __future__ import annotations
 
 import re

@@ -23,7 +23,7 @@ def test_the_shipped_playbooks_answer_the_contract_alerts_and_the_xid_error() ->
     assert [s.action for s in by_alert["GPUMemoryUsageHigh"].actions] == ["empty_cache", "reduce_batch_size"]
     assert [s.action for s in by_alert["TrainingLossSpike"].actions] == ["rollback_checkpoint", "scale_lr"]
     assert by_alert["DiskSpaceLow"].actions[0].params == {"keep_last": 3, "older_than": "7d"}
-    # CONTRACT "Shipped playbooks": the steps a plain client cannot apply are optional.
+    # The shipped playbooks (README): the steps a plain client cannot apply are optional.
     assert [(s.action, s.optional) for s in by_alert["GPUMemoryUsageHigh"].actions] == [
         ("empty_cache", False), ("reduce_batch_size", True)]
     assert [(s.action, s.optional) for s in by_alert["TrainingLossSpike"].actions] == [

@@ -1,4 +1,4 @@
-"""The reconciler: every dispatched action reaches a terminal status by expire_after + 30 s (CONTRACT)."""
+"""The reconciler: every dispatched action reaches a terminal status by expire_after + 30 s (README: Guardrails)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Retention (CONTRACT "Remediation record"): every key trainmedic writes is bounded by count and by age.
+"""Retention (README: HTTP API, records are kept 30 days): every key trainmedic writes is bounded by count and by age.
 
 A burst of webhooks, commands, acks (a real node agent and a real trainer process), approvals, rejections,
 expiries and resolves leaves only keys with a TTL, except the few global indexes the design keeps without

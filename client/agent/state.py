@@ -2,7 +2,7 @@
 
 Redis may lose recent writes (a restart without persistence, a failover to a replica that lagged); this
 file does not, so a command Redis hands out again is answered, not applied again, and a restore puts back
-the limit from before trainmedic's first throttle, never a throttled one (CONTRACT Guarantees 4 and 7).
+the limit from before trainmedic's first throttle, never a throttled one (so a restore after a restart is still right).
 """
 from __future__ import annotations
 

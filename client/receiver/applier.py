@@ -189,5 +189,5 @@ class Applier:
 
     @staticmethod
     def _unsupported(call: ActionCall, message: str) -> tuple[str, str | None, dict[str, Any]]:
-        # An optional step the target cannot apply is skipped, so it fails nothing (CONTRACT `optional`).
+        # An optional step the target cannot apply is skipped, so it fails nothing (a step's `optional:`).
         return ("skipped" if call.optional else "unsupported"), "unsupported", {"message": message}

@@ -154,7 +154,7 @@ class Mailbox:
     def heartbeat(self, info: dict[str, Any], ttl: float = HEARTBEAT_TTL, first: bool = False) -> None:
         """Say this target is alive, with what it wants GET /targets to show. A process's first heartbeat also
         asks the reconciler to look at the target now: commands a process before it claimed and never
-        acknowledged are offered to this one (CONTRACT Guarantees 6)."""
+        acknowledged are offered to this one (nothing claimed is dropped)."""
         now = time.time()
         pipe = self.r.pipeline(transaction=False)
         pipe.set(keys.heartbeat(self.target), dumps({**info, "last_seen": now}), px=int(ttl * 1000))

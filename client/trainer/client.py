@@ -60,7 +60,7 @@ class RemediationClient:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.sync_every = sync_every
-        # Training signals (CONTRACT "Training signals"): the latest this process was given.
+        # Training signals (README: the training client): the latest this process was given.
         self.loss: float | None = None
         self.grad_norm: float | None = None
         self.samples = 0.0  # samples processed, as poll(samples=) counted them

@@ -12,7 +12,7 @@ ALERTS = (NAN, SPIKE)
 
 @dataclass(frozen=True)
 class DetectSettings:
-    """The detectors' knobs (CONTRACT "Detectors in the loop"): RemediationClient(detect={...}) overrides them."""
+    """The detectors' knobs (README: the training client): RemediationClient(detect={...}) overrides them."""
 
     nan: bool = True
     spike: bool = True

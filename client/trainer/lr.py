@@ -14,7 +14,7 @@ _GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 # One number for every group that shapes the schedule (CosineAnnealingLR / WarmRestarts eta_min).
 _SCALAR_ATTRS = ("eta_min",)
 # A scheduler's own floors (ReduceLROnPlateau.min_lrs): the user's, never lowered, and never crossed by a
-# scale_lr either (CONTRACT scale_lr).
+# scale_lr either (its min_lr is a floor too).
 
 
 def optimizers_of(optimizer: Any) -> list[Any]:

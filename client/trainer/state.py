@@ -1,4 +1,4 @@
-"""What this training run applied (CONTRACT Guarantees 4-6), kept in RemediationClient.state_dict().
+"""What this training run applied (README: the training client, resuming), kept in RemediationClient.state_dict().
 
 The Redis data is the truth for deciding; this is the truth for what was done. A command seen again (Redis
 rolled back, or a resend that became a new record for the same episode, playbook and stage) is answered

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 PREFIX = "trainmedic:"
 
-# A label value used as a target name must match this (CONTRACT.md); names of dots only ("..") are refused
+# A label value used as a target name must match this (README: Playbooks); names of dots only ("..") are refused
 # too, so a name can never walk a path even if some future code joins it into one.
 TARGET_NAME_RE = re.compile(r"^(?!\.+\Z)[A-Za-z0-9_.:@-]{1,128}\Z")
 TARGET_KINDS = ("job", "node")

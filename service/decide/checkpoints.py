@@ -1,4 +1,4 @@
-"""checkpoint_jobs (CONTRACT "Jobs on a node"): before a node record's later actions go out, every job with a live
+"""checkpoint_jobs (README: Node agent): before a node record's later actions go out, every job with a live
 process on the node saves a checkpoint, each in a record of its own linked to the node's record.
 
 The reconciler runs this for a node record whose pending steps begin with checkpoint_jobs (DECIDE deferred its

@@ -1,4 +1,4 @@
-"""Records whose steps carry `when:` conditions (CONTRACT "Conditions"): the reconciler evaluates each one
+"""Records whose steps carry `when:` conditions (README: Playbooks, `when:`): the reconciler evaluates each one
 against Prometheus (never the webhook), then sends the steps that may run as one signed command. A false
 condition skips its step (`condition_false`); no Prometheus, a timeout, an error or a variable without a
 value skip it too (`condition_unknown`)."""

@@ -34,7 +34,7 @@ from .plan import Decision
 log = logging.getLogger("trainmedic.detections")
 
 NAN, SPIKE, HANG = "TrainingLossNaN", "TrainingLossSpike", "TrainingHang"
-# The alerts a job's client may raise about itself, and their severity (CONTRACT "Detectors in the loop").
+# The alerts a job's client may raise about itself, and their severity (README: the training client).
 CLIENT_ALERTS = {NAN: "critical", SPIKE: "critical"}
 SEVERITY = {**CLIENT_ALERTS, HANG: "warning"}
 # One detection is decided by the first service process that claims it; the claim outlives any retry.
@@ -62,7 +62,7 @@ def fingerprint(labels: Mapping[str, str]) -> str:
 
 
 def labels_of(target: keys.Target, alertname: str) -> dict[str, str]:
-    """The labels of a detection (CONTRACT): alertname, job_name, severity, source."""
+    """The labels of a detection: alertname, job_name, severity, source."""
     return {"alertname": alertname, "job_name": target.name, "severity": SEVERITY[alertname],
             "source": "trainmedic"}
 
@@ -111,7 +111,7 @@ class Detections:
 
     def _post(self, alert: Alert) -> None:
         """Show the detection in Alertmanager with the same labels and start, so its notification of it is a
-        resend of the episode decided here (CONTRACT Guarantees 1). Never holds up a decision for long."""
+        resend of the episode decided here (one remediation per firing episode). Never holds up a decision for long."""
         if self.alertmanager is None:
             return
         ends = alert.ends_at if alert.status == "resolved" else rfc3339(time.time() + POST_ENDS_AFTER)

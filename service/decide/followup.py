@@ -1,5 +1,5 @@
 """After a remediation is decided: its outcome, its ladder's next stage, its silence, and who hears of it
-(CONTRACT "Outcomes and escalation", "Silences", "Notifications").
+(README: "Did it work? Outcomes, ladders, silences, notifications").
 
 The reconciler runs `FollowUp.run` for each record its RECONCILE script lists as due. Every change is one
 atomic step in the record's hash slot: VERDICT decides an outcome once, DECIDE in stage mode makes a stage

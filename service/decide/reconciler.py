@@ -1,4 +1,4 @@
-"""The reconciler: owns every record until it is terminal and true (CONTRACT "Guarantees").
+"""The reconciler: owns every record until it is terminal and true (README: Guardrails).
 
 It runs in every service replica (a thread in each gunicorn worker) and stays correct when several run at
 once or one dies: each step is one atomic script in the target's slot, and a short lease only saves work.
@@ -46,7 +46,7 @@ class ReconcilerSettings:
     """How the reconciler paces itself."""
 
     interval: float = 1.0
-    # A delivered command is lost this long after its expiry (CONTRACT: terminal by expire_after + 30 s).
+    # A delivered command is lost this long after its expiry (every action is terminal by expire_after + 30 s).
     grace: float = 20.0
     # How often a delivered, unacknowledged command is checked for a process that is gone.
     recheck: float = 10.0

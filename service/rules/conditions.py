@@ -1,4 +1,4 @@
-"""`when:` conditions (CONTRACT "Conditions"): PromQL whose non-empty result lets a step run.
+"""`when:` conditions (README: Playbooks, `when:`): PromQL whose non-empty result lets a step run.
 
 `$job`, `$node` and `$gpu` may appear only inside the double-quoted value of a label matcher
 (`{job_name="$job"}`); they are filled in escaped, so no value can change the query's shape. `check` parses

@@ -29,7 +29,7 @@ _FIELDS = ("name", "matchers", "target", "actions", "on_resolved", "cooldown", "
 # A remediation needs about this long to show in its alert: Prometheus evaluates the rule again (its `for:`
 # too), and Alertmanager batches the resolve. A shorter `after` may escalate past a stage that worked.
 MIN_AFTER = 60.0
-# A silence lasts this much longer than the whole ladder and its verify (CONTRACT "Silences").
+# A silence lasts this much longer than the whole ladder and its verify (README: "Did it work?", silences).
 SILENCE_MARGIN = 600.0
 # Keys an action item may carry beside its one action key.
 _STEP_KEYS = ("optional", "when")
@@ -67,7 +67,7 @@ class Playbook:
     notify: str | None = None
     description: str = ""
     source: str = ""
-    # The breaker (CONTRACT "Breaker"): ("count", N) or ("percent", P) of the live targets of its kind.
+    # The breaker (README: Guardrails): ("count", N) or ("percent", P) of the live targets of its kind.
     max_active: tuple[str, int] | None = None
 
     def matches(self, labels: Mapping[str, str]) -> bool:

@@ -1,4 +1,4 @@
-"""Targets from alert labels (CONTRACT.md's label rules), validated before any use."""
+"""Targets from alert labels (README: Playbooks, targets), validated before any use."""
 from __future__ import annotations
 
 import re

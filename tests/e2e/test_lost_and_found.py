@@ -1,4 +1,4 @@
-"""Lost and found (CONTRACT Guarantees 6 and the terminal-status invariant), with real processes killed at the
+"""Lost and found (nothing claimed is dropped, and every action ends), with real processes killed at the
 worst moment and the service under gunicorn: only its reconciler threads bring records to the truth here, no
 test calls the reconciler by hand."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.support.faults import (TERMINAL, CrashTrainer, history, metric, post,
 
 JOB = "llama-ft-01"
 NODE = "gpu-node-3"
-# CONTRACT: a dispatched action is terminal by expire_after + 30 s.
+# A dispatched action is terminal by expire_after + 30 s (README: Guardrails).
 TERMINAL_WITHIN = 30.0
 PLAYBOOKS = """\
 playbooks:

@@ -36,7 +36,7 @@ local function count_backlog(rec, delta)
   end
 end
 
--- A record's status from its actions (CONTRACT "Remediation record"): skipped actions do not count; applied
+-- A record's status from its actions (README: HTTP API, a record): skipped actions do not count; applied
 -- when all others were, partially_applied when some were; else expired when all expired, lost when some
 -- were lost, failed otherwise; skipped when every action was skipped. Nothing changes while any action is
 -- pending or delivered, nor for a record that is not dispatched. A settled record keeps when it settled

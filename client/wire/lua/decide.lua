@@ -13,7 +13,7 @@
 --   channel, command, signature, expires_ms, approve_by_ms, ob_member, ob_due_ms, n, fields {name: value}}
 -- Returns {status, record id, reason}. 'duplicate', 'stale' and 'closed' mean no new record.
 --
--- Episodes (CONTRACT "Guarantees"): the episode hash holds `open` (start of the open episode), `closed`
+-- Episodes (one remediation per firing episode): the episode hash holds `open` (start of the open episode), `closed`
 -- (latest start of a closed one, kept as a tombstone), `rid` (the open episode's record, its head: ep_rid)
 -- and `holds` (records held for approval); a resolve leaves `res_start`, `res_ms` and `res_at` (the closed
 -- episode's start and its endsAt), from which the reconciler decides outcomes. The obligation hash (rid, dry,

@@ -1,5 +1,5 @@
 -- DECIDE_MANY: the DECIDE of several (alert, playbook) pairs in one call, and (on a single Redis) the
--- indexes of the records they made, so a notification costs one round trip (CONTRACT: the webhook answers
+-- indexes of the records they made, so a notification costs one round trip (the webhook answers
 -- within milliseconds). client/wire/records.py prepends decide.lua as the function decide_one(KEYS, ARGV).
 -- On Redis Cluster every key of one call must share a slot: the service makes one call per slot and writes
 -- the indexes (their own slots) itself afterwards (ARGV[1].index = 0).

@@ -1,4 +1,4 @@
--- REAPPLY: note on an action that a resumed or rolled-back job applied it again (CONTRACT Guarantees 5).
+-- REAPPLY: note on an action that a resumed or rolled-back job applied it again (sticky LR changes, README: the training client).
 -- KEYS[1] record
 -- ARGV[1] action index   ARGV[2] JSON {at, step, by}   ARGV[3] most entries kept
 -- Returns the number of reapplied entries, or false for no record.

@@ -1,5 +1,5 @@
 -- RELEASE: a process that claimed a command and will not apply it (it is closing) hands it back, so the
--- next process of the target gets it (CONTRACT: nothing claimed is dropped at close()).
+-- next process of the target gets it (nothing claimed is dropped at close()).
 -- KEYS[1] record   KEYS[2] mailbox
 -- ARGV[1] channel   ARGV[2] mailbox maxlen   ARGV[3] record id
 -- Returns 1 when offered again, 0 when there was nothing to hand back.
