@@ -9,7 +9,9 @@ rollback_checkpoint, save_checkpoint, reduce_batch_size and stop_training throug
 With --spike-at N it reads a corrupt data shard from step N (targets replaced by noise), so the loss
 spikes on purpose; rolling back to the last good checkpoint also skips that shard, as an operator would.
 
-    TRAINMEDIC_REDIS_URL=redis://localhost:6379/0 python examples/train.py --job demo --spike-at 600
+    export TRAINMEDIC_REDIS_URL=...   # the URL `trainmedic serve` prints (its Redis is on 127.0.0.1:6390)
+    export TRAINMEDIC_VERIFY_KEY=...  # the verify key it prints too
+    python examples/train.py --job demo --spike-at 600
 """
 from __future__ import annotations
 
