@@ -317,7 +317,8 @@ def _playbook(loader: yaml.SafeLoader, node: yaml.Node, file: str, p: _Problems)
     if "max_active" in fields:
         opts["max_active"] = _max_active(loader, fields["max_active"][1], p)
     _check_timeouts(fields, actions, opts.get("expire_after"), p)
-    if len(p.items) > before:
+    # A playbook with a problem is not made (its name and target are then known to be valid text).
+    if len(p.items) > before or not isinstance(name, str) or not isinstance(kind, str):
         return None
     return Playbook(name=name, matchers=tuple(matchers), target=kind, actions=actions, on_resolved=on_resolved,
                     source=f"{file}:{node.start_mark.line + 1}", **opts)
