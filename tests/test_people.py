@@ -4,6 +4,7 @@ signed session cookie. Real gunicorn, the real `trainmedic serve`, the Flask app
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import re
@@ -186,9 +187,20 @@ def test_without_a_read_token_every_get_route_is_open(make_app: Any, tokens_file
 
 # -- the pages' login
 
-def login_form(http: Any, next_path: str = "/") -> str:
-    resp = http.get(f"/login?next={next_path}")
-    assert resp.status_code == 200 and resp.headers["Cache-Control"] == "no-store"
+def bounced(resp: Any) -> str | None:
+    """Where a login page that looks once more (its meta refresh) goes, if it is one."""
+    found = re.search(r'<meta http-equiv="refresh" content="0; url=([^"]+)">', resp.text)
+    return html.unescape(found.group(1)) if found else None
+
+
+def login_form(http: Any) -> str:
+    """The login form's CSRF value, as a browser gets the form (a person logged in may log in as another)."""
+    resp = http.get("/login")
+    again = bounced(resp)
+    if again:  # no cookie came: the page looks once more from this site before making a session
+        assert "Set-Cookie" not in resp.headers and again == "/login?next=/&again=1"
+        resp = http.get(again)
+    assert resp.status_code == 200 and resp.headers["Cache-Control"] == "no-store" and bounced(resp) is None
     form = re.search(r'<form[^>]*id="login"[^>]*>', resp.text)
     assert form and 'method="post"' in form.group(0)
     assert re.search(r'<input type="password" name="token"', resp.text)
@@ -198,7 +210,7 @@ def login_form(http: Any, next_path: str = "/") -> str:
 
 
 def log_in(http: Any, token: str, next_path: str = "/", **kw: Any) -> Any:
-    csrf = login_form(http, next_path)
+    csrf = login_form(http)
     return http.post("/login", data={"csrf": csrf, "token": token, "next": next_path}, **kw)
 
 
@@ -254,11 +266,34 @@ def test_the_login_form_sets_a_signed_httponly_samesite_strict_session_that_name
     assert done.status_code == 200 and done.get_json()["approved_by"] == "operator:alice"
 
 
+def test_a_link_from_another_site_keeps_the_login_it_arrives_without(closed: Any) -> None:
+    app, rid = closed
+    http = app.test_client()
+    assert log_in(http, ALICE).status_code == 303
+    cookie = http.get_cookie("trainmedic_session").value  # type: ignore[union-attr]
+    # A link from a chat or a notification: the browser leaves the SameSite=Strict cookie out of that request.
+    other_site = app.test_client()
+    resp = other_site.get(f"/records/{rid}")
+    assert resp.status_code == 303 and resp.headers["Location"] == f"/login?next=/records/{rid}"
+    resp = other_site.get(resp.headers["Location"])
+    # The login page sets no cookie (that would replace the one held) and looks once more from this site...
+    assert resp.status_code == 200 and "Set-Cookie" not in resp.headers
+    again = bounced(resp)
+    assert again == f"/login?next=/records/{rid}&again=1"
+    # ...where the browser sends the cookie, and the person goes on to the record, still logged in.
+    other_site.set_cookie("trainmedic_session", cookie)
+    resp = other_site.get(again)
+    assert resp.status_code == 303 and resp.headers["Location"] == f"/records/{rid}"
+    assert "Set-Cookie" not in resp.headers and other_site.get(f"/records/{rid}").status_code == 200
+    # Nobody logged in: the second look shows the form.
+    assert 'id="login"' in app.test_client().get(again).text
+
+
 def test_the_session_cookie_is_secure_behind_https(closed: Any, make_app: Any, tokens_file: Path) -> None:
     app, _ = closed
     over_https = app.test_client()
     csrf = re.search(r'name="csrf" value="([^"]+)"',  # type: ignore[union-attr]
-                     over_https.get("/login", base_url="https://localhost").text).group(1)
+                     over_https.get("/login?again=1", base_url="https://localhost").text).group(1)
     resp = over_https.post("/login", data={"csrf": csrf, "token": READ, "next": "/"}, base_url="https://localhost")
     assert resp.status_code == 303 and "secure" in attributes(session_cookie(resp))
     # Behind a proxy that ends TLS, TRAINMEDIC_PUBLIC_URL says people use https.

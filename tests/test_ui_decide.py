@@ -3,6 +3,8 @@ token (a form, a signed session cookie that never holds the token), then a same-
 service's own script acts as them, and the record says who decided."""
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
@@ -89,6 +91,58 @@ def test_a_person_logs_in_once_then_approves_and_rejects_as_themselves(held: tup
     expect(page.locator("header a.who")).to_have_text("log in")
     assert ctx.cookies() == []
     ctx.close()
+
+
+@pytest.mark.parametrize("reads", ["open", "closed"])
+def test_a_link_from_another_site_lands_on_the_record_still_logged_in(held: tuple[Server, list[str]], reads: str,
+                                                                      make_app: Any, browser: Browser,
+                                                                      tmp_path: Path) -> None:
+    server, (first, _) = held
+    if reads == "closed":  # the same service, with reads needing a token
+        server = Server(make_app(playbooks=str(tmp_path / "pb.yaml"), read_token="read-token-" + "7" * 24,
+                                 operator_tokens_file=str(tmp_path / "operators.tokens"), UI_REFRESH_SECONDS=1))
+    # The service as localhost, the chat as 127.0.0.1: two sites (two ports of one host would be one site).
+    url = server.url.replace("127.0.0.1", "localhost")
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(f"{url}/records/{first}")
+    if reads == "closed":
+        page.locator("#login input[name=token]").fill(ALICE)
+        page.locator("#login button").click()
+    else:
+        log_in(page, ALICE)
+    expect(page.locator("header form.who")).to_contain_text("alice")
+    [before] = ctx.cookies()
+    # A chat message's link: another site, so the SameSite=Strict cookie is left out of that navigation.
+    chat = HTTPServer(("127.0.0.1", 0), type("Chat", (_Page,), {"html": (
+        f'<!doctype html><a id="link" href="{url}/records/{first}">the held drain</a>').encode()}))
+    threading.Thread(target=chat.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"http://127.0.0.1:{chat.server_port}/")
+        page.locator("#link").click()
+        page.wait_for_url(f"{url}/records/{first}", timeout=10_000)
+        expect(page.locator("header form.who")).to_contain_text("alice")
+        expect(page.locator(".decide .approve")).to_be_visible()
+        assert ctx.cookies() == [before]  # the login it arrived without was kept, not replaced
+    finally:
+        chat.shutdown()
+        chat.server_close()
+        ctx.close()
+        if reads == "closed":
+            server.stop()
+
+
+class _Page(BaseHTTPRequestHandler):
+    html = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(self.html)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 def test_a_wrong_token_logs_nobody_in_says_why_and_changes_nothing(held: tuple[Server, list[str]],

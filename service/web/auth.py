@@ -177,14 +177,29 @@ def _own_origins() -> set[str]:
     return own
 
 
-def _check_request() -> Response | None:
+def _check_request() -> Any:
     if request.path not in ANY_HOST and host_only(request.host) not in allowed_hosts():
         raise BadRequest("this service does not answer for that Host (see TRAINMEDIC_ALLOWED_HOSTS)")
     if request.method == "POST":
         origin = request.headers.get("Origin")
         if origin is not None and origin.lower() not in _own_origins():
             raise Forbidden("writes from another site's pages are refused (foreign Origin)")
-    return _check_read()
+    return _look_again() or _check_read()
+
+
+def _look_again() -> Any:
+    """A page opened from a link on another site (a chat, a notification) arrives without the SameSite=Strict
+    cookie: look once more from this site, which sends it, so a person logged in stays logged in there."""
+    if request.blueprint != "ui" or request.method != "GET" or SESSION_COOKIE in request.cookies \
+            or request.headers.get("Sec-Fetch-Site") != "cross-site" or not people().anyone:
+        return None
+    return _bounce(request.script_root + request.full_path.rstrip("?"))
+
+
+def _bounce(again: str) -> Any:
+    """A page that only loads `again` from this site (a meta refresh: no script, no cookie set)."""
+    return render_template("login.html", again=again), 200, {"Content-Type": "text/html; charset=utf-8",
+                                                             "Cache-Control": "no-store"}
 
 
 def _headers(resp: Response) -> Response:
@@ -227,6 +242,13 @@ def _login_page(error: str | None = None, status: int = 200) -> Any:
 @bp.get("/login")
 def login() -> Any:
     """The login form: a token typed once, kept as a signed session that names the person."""
+    wanted = request.args.get("next")
+    if wanted and session_who() is not None:
+        return redirect(request.script_root + _next_path(wanted), 303)
+    if SESSION_COOKIE not in request.cookies and not request.args.get("again"):
+        # A link from another site (a notification, a chat) arrives without the SameSite=Strict cookie. Look once
+        # more from this site, which sends it, before making a session that would replace the one held.
+        return _bounce(url_for("auth.login", next=_next_path(wanted), again=1))
     return _login_page()
 
 
