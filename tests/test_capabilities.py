@@ -63,14 +63,18 @@ def test_the_shipped_playbooks_out_of_the_box_end_applied_or_skipped_never_red(
     made += fire(http, "TrainingLossSpike", "a3", job_name=JOB)
     made += fire(http, "DiskSpaceLow", "a4", node=NODE, mountpoint="/")
     made += fire(http, "TrainingThroughputDrop", "a5", job_name=JOB)
-    [held] = fire(http, "GPUXidError", "a6", node=NODE)
+    [held] = fire(http, "GPUXidError", "a6", node=NODE, xid_class="drain")
     assert held["status"] == "pending_approval"
     assert post_json(http, f"/remediations/{held['id']}/approve", {}).status_code == 200
     made.append(held)
     assert len(made) == 6
     got = {}
+    def step() -> None:
+        loop.tick()
+        app.extensions["trainmedic"].reconciler.tick()  # checkpoint_jobs is carried out by the reconciler
+
     for m in made:
-        rec = wait_record(r, m["id"], done, tick=loop.tick)
+        rec = wait_record(r, m["id"], done, tick=step)
         got[rec["playbook"]] = rec
     statuses = {name: rec["status"] for name, rec in got.items()}
     assert statuses == {"gpu-temperature-high": "applied", "gpu-memory-high": "skipped", "loss-spike": "applied",
@@ -79,7 +83,7 @@ def test_the_shipped_playbooks_out_of_the_box_end_applied_or_skipped_never_red(
     assert steps["loss-spike"] == [("rollback_checkpoint", "skipped", "unsupported"), ("scale_lr", "applied", None)]
     assert steps["gpu-memory-high"] == [("empty_cache", "skipped", "no_cuda"),
                                         ("reduce_batch_size", "skipped", "unsupported")]
-    assert steps["gpu-xid-error"] == [("drain_node", "skipped", "unsupported")]
+    assert steps["gpu-xid-error"] == [("checkpoint_jobs", "skipped", "no_jobs"), ("drain_node", "skipped", "unsupported")]
     assert [s for _, s, _ in steps["throughput-drop"]] == ["skipped", "skipped"]
     [restore] = fire(http, "GPUTemperatureHigh", "a1", status="resolved", node=NODE, gpu_id="0")
     assert wait_record(r, restore["id"], done)["status"] == "applied"
