@@ -9,16 +9,15 @@ import pytest
 
 from trainmedic.service.app import create_app
 from trainmedic.service.cli import main
-from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, check, load
+from trainmedic.client.wire.actions import CATALOGUE
+from trainmedic.service.rules.playbooks import _FIELDS, SHIPPED, PlaybookError, check, load
 
 from tests.conftest import ROOT, SIGNING_KEY
 from trainmedic.client.wire.durations import HINT
 
-KNOWN = ("disk_cleanup, drain_node, empty_cache, enable_gradient_accumulation, power_limit, reduce_batch_size, "
-         "reduce_dataloader_workers, restore_power_limit, resume_node, rollback_checkpoint, save_checkpoint, scale_lr, "
-         "set_lr, stop_training")
-FIELDS = ("name, matchers, target, actions, on_resolved, cooldown, max_runs, approval, approval_timeout, dry_run, "
-          "expire_after, resolve_timeout, verify, escalate, silence, notify, description")
+# The lists the messages name, as the catalogue and the playbook loader hold them.
+KNOWN = ", ".join(sorted(CATALOGUE))
+FIELDS = ", ".join(_FIELDS)
 
 
 def pb(body: str, name: str = "p", target: str = "job", matchers: str = "['alertname=\"X\"']") -> str:
