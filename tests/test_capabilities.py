@@ -83,7 +83,8 @@ def test_the_shipped_playbooks_out_of_the_box_end_applied_or_skipped_never_red(
     assert steps["loss-spike"] == [("rollback_checkpoint", "skipped", "unsupported"), ("scale_lr", "applied", None)]
     assert steps["gpu-memory-high"] == [("empty_cache", "skipped", "no_cuda"),
                                         ("reduce_batch_size", "skipped", "unsupported")]
-    assert steps["gpu-xid-error"] == [("checkpoint_jobs", "skipped", "no_jobs"), ("drain_node", "skipped", "unsupported")]
+    assert steps["gpu-xid-error"] == [("checkpoint_jobs", "skipped", "no_jobs"),
+                                      ("drain_node", "skipped", "unsupported")]
     assert [s for _, s, _ in steps["throughput-drop"]] == ["skipped", "skipped"]
     [restore] = fire(http, "GPUTemperatureHigh", "a1", status="resolved", node=NODE, gpu_id="0")
     assert wait_record(r, restore["id"], done)["status"] == "applied"

@@ -76,9 +76,8 @@ class Conditions:
             if done is None:
                 self.checkpoints.retry_at(target, h["id"], now)
                 return None
-            status, reason, result = done
-            early.append((ckpt.index, status, reason, ""))
-            results[ckpt.index] = result
+            early.append((ckpt.index, done[0], done[1], ""))
+            results[ckpt.index] = done[2]
         steps = steps_of(h)
         context = records.loads_or(h.get("context"), {})
         values = self.values(target, context)
