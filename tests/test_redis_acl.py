@@ -6,6 +6,7 @@ rewrote is never signed when a person approves it."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import subprocess
@@ -76,7 +77,7 @@ def webhook(g: Gunicorn, status: str = "firing", **labels: str) -> dict:
     body = copy.deepcopy(load_fixture("firing_single.json"))
     a = body["alerts"][0]
     a["labels"] = {"severity": "critical", **labels}
-    a["fingerprint"] = labels["alertname"].encode().hex()[:16]
+    a["fingerprint"] = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
     a["status"] = body["status"] = status
     if status == "resolved":
         a["endsAt"] = "2099-01-01T00:00:00Z"
@@ -154,7 +155,7 @@ def test_the_real_flow_runs_with_each_sides_own_user_and_redis_denies_none_of_it
         cool = webhook(g, "resolved", alertname="GPUTemperatureHigh", node=NODE, gpu_id="0")
         assert jobs.wait_record(service, cool["id"])["status"] == "applied" and nvml_state.limit_w(0) == 700
         # ... a record held for approval and approved by a person ...
-        held = webhook(g, alertname="GPUXidError", node=NODE, gpu_id="0")
+        held = webhook(g, alertname="GPUXidError", node=NODE, gpu_id="0", xid_class="drain")
         assert held["status"] == "pending_approval"
         resp = requests.post(f"{g.url}/remediations/{held['id']}/approve", json={}, headers=OP_AUTH, timeout=10)
         assert resp.status_code == 200 and resp.json()["approved_by"] == "operator"
@@ -453,7 +454,12 @@ def test_one_nodes_or_jobs_own_user_cannot_touch_another_nodes_or_jobs_keys(acl_
 
 def test_a_held_record_its_own_node_rewrote_is_refused_on_approval_and_nothing_is_signed_or_deleted(
         acl_redis, inspector, nvml_lib: Path, nvml_state: Any, tmp_path: Path) -> None:
-    g = Gunicorn({"TRAINMEDIC_REDIS_URL": url(acl_redis, "SERVICE")}, 2, tmp_path)
+    held_drain = tmp_path / "held.yaml"
+    held_drain.write_text("playbooks:\n  - name: held-drain\n    matchers: ['alertname=\"HeldDrain\"']\n"
+                          "    target: node\n    approval: true\n"
+                          "    actions: [{drain_node: {reason: 'GPU hardware error'}, optional: true}]\n")
+    g = Gunicorn({"TRAINMEDIC_REDIS_URL": url(acl_redis, "SERVICE"), "TRAINMEDIC_PLAYBOOKS": str(held_drain)}, 2,
+                 tmp_path)
     root = tmp_path / "checkpoints"
     ckpts = []
     for s in range(1, 4):
@@ -467,7 +473,7 @@ def test_a_held_record_its_own_node_rewrote_is_refused_on_approval_and_nothing_i
     node_user = redis.Redis.from_url(url(acl_redis, "AGENT"), decode_responses=True)
     try:
         agent.wait_ready(service)
-        held = webhook(g, alertname="GPUXidError", node=NODE, gpu_id="0", instance="tamper")
+        held = webhook(g, alertname="HeldDrain", node=NODE)
         assert held["status"] == "pending_approval"
         mailbox = keys.mailbox(keys.Target("node", NODE))
         before = inspector.xlen(mailbox)
