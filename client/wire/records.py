@@ -435,15 +435,20 @@ class Reconciled:
     follow: tuple[str, ...] = ()
 
 
-def reconcile(scripts: Scripts, target: keys.Target, now: float, *, grace: float, recheck: float, maxlen: int,
-              limit: int = 200) -> Reconciled:
-    """Bring one target's due records to the truth (see lua/reconcile.lua)."""
+def reconcile_call(scripts: Scripts, target: keys.Target, now: float, *, grace: float, recheck: float, maxlen: int,
+                   limit: int = 200) -> Call:
+    """The RECONCILE call that brings one target's due records to the truth (see lua/reconcile.lua); the
+    reconciler runs many targets' calls in one pipeline, and reads each answer with `reconciled`."""
     args = {"now": int(now * 1000), "at": rfc3339(now), "grace_ms": int(grace * 1000),
             "recheck_ms": int(recheck * 1000), "maxlen": maxlen, "channel": keys.wake_channel(target),
             "rec_prefix": keys.record_prefix(target), "limit": limit}
-    nxt, changed, obligations, follow = scripts.reconcile(
-        keys=[keys.due_items(target), keys.mailbox(target), keys.heartbeat(target),
-              keys.metrics(target, scripts.cluster)], args=[dumps(args)])
+    return (scripts.reconcile, [keys.due_items(target), keys.mailbox(target), keys.heartbeat(target),
+                                keys.metrics(target, scripts.cluster)], [dumps(args)])
+
+
+def reconciled(answer: Any) -> Reconciled:
+    """What RECONCILE answered for one target."""
+    nxt, changed, obligations, follow = answer
     flat = [str(x) for x in changed]
     due = int(float(nxt))
     return Reconciled(None if due < 0 else due, tuple(zip(flat[::2], flat[1::2])), tuple(map(str, obligations)),

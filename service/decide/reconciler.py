@@ -20,6 +20,7 @@ import redis
 
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import rfc3339
+from trainmedic.client.wire.redis import run_scripts
 
 from .. import history
 from ..rules.alerts import alert_of_record
@@ -37,6 +38,9 @@ from .resync import Resync
 
 log = logging.getLogger("trainmedic.reconciler")
 
+# Targets whose RECONCILE calls share one pipeline.
+BATCH = 100
+
 RESET_BANNER_SECONDS = 86400.0
 TARGETS_MAX_AGE = 86400.0
 
@@ -52,7 +56,7 @@ class ReconcilerSettings:
     recheck: float = 10.0
     mailbox_maxlen: int = 100
     history_max: int = 1_000_000
-    targets_per_tick: int = 500
+    targets_per_tick: int = 2000
     # With Alertmanager's API, an alert whose on_resolved is owed is asked about this often.
     alertmanager_poll: float = 15.0
     # A followed record whose follow-up failed (a bug, Redis trouble) is looked at again after this long.
@@ -80,6 +84,8 @@ class TickReport:
     detected: int = 0
     # Records the resync made (alerts active in Alertmanager that Redis had no episode of).
     resynced: int = 0
+    # As many targets were due as one pass takes: the next pass starts at once.
+    full: bool = False
 
 
 class Reconciler:
@@ -135,26 +141,10 @@ class Reconciler:
         if records.load_scripts(self.r):
             log.info("loaded the scripts into Redis (it had none: a restart), for trainers and agents to run")
         view = AlertView(self.alertmanager)
-        due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
-        for label in due:
-            target = keys.parse_label(label)
-            if target is None:
-                self.r.zrem(keys.DUE, label)
-                continue
-            done = records.reconcile(self.scripts, target, now, grace=self.settings.grace,
-                                     recheck=self.settings.recheck, maxlen=self.settings.mailbox_maxlen)
-            report.targets += 1
-            report.changed.extend(done.changed)
-            for member in done.obligations:
-                rid = self._obligation(target, member, now, view)
-                if rid:
-                    report.resolved.append(rid)
-            for rid in done.follow:
-                self._follow(target, rid, now, view)
-            report.followed += len(done.follow)
-            if target.kind == "job":
-                report.detected += len(self.detections.handle(target))
-            self._reschedule(target, label)
+        # Pages of due targets until none is left, or for one interval at most (the rest is the next pass's).
+        until = time.monotonic() + self.settings.interval
+        while self._visit(now, view, report, until) and time.monotonic() < until:
+            pass
         if report.changed:
             # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
             self.r.zrem(keys.APPROVALS, *(rid for rid, _ in report.changed))
@@ -167,17 +157,62 @@ class Reconciler:
                 self.on_change(rid, status)
         return report
 
-    def _reschedule(self, target: keys.Target, label: str) -> None:
-        # Set the target's due time from its own items. A webhook may add an earlier item meanwhile: its
-        # ZADD LT either lands after ours, or is restored by the second read below.
-        first = self.r.zrange(keys.due_items(target), 0, 0, withscores=True)
-        if first:
-            self.r.zadd(keys.DUE, {label: int(first[0][1])}, xx=True)
-        else:
-            self.r.zrem(keys.DUE, label)
-        again = self.r.zrange(keys.due_items(target), 0, 0, withscores=True)
-        if again:
-            self.r.zadd(keys.DUE, {label: int(again[0][1])}, lt=True)
+    def _visit(self, now: float, view: AlertView, report: TickReport, until: float) -> bool:
+        """Visit one page of the due targets; True when the page was full (more may be due).
+
+        A burst leaves thousands of targets due at once (30,000 new jobs' commands expire together). Their
+        RECONCILE calls go first, in pipelines of BATCH, so every action becomes terminal within the bound
+        whatever comes after; then follow-ups and on_resolved, until `until`: those left wait for the next
+        pass (their items stay due, so their targets do). Due times are set in a few round trips a batch.
+        """
+        due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
+        report.full = len(due) >= self.settings.targets_per_tick
+        parsed = [(label, keys.parse_label(label)) for label in due]
+        if bad := [label for label, t in parsed if t is None]:
+            self.r.zrem(keys.DUE, *bad)
+        targets = [(label, t) for label, t in parsed if t is not None]
+        batches = [targets[i:i + BATCH] for i in range(0, len(targets), BATCH)]
+        done: list[records.Reconciled] = []
+        for batch in batches:
+            done += map(records.reconciled, run_scripts(self.r, [records.reconcile_call(
+                self.scripts, t, now, grace=self.settings.grace, recheck=self.settings.recheck,
+                maxlen=self.settings.mailbox_maxlen) for _, t in batch]))
+        for (_, target), d in zip(targets, done):
+            report.targets += 1
+            report.changed.extend(d.changed)
+            if time.monotonic() < until:
+                for member in d.obligations:
+                    rid = self._obligation(target, member, now, view)
+                    if rid:
+                        report.resolved.append(rid)
+                for rid in d.follow:
+                    self._follow(target, rid, now, view)
+                report.followed += len(d.follow)
+            if target.kind == "job":
+                report.detected += len(self.detections.handle(target))
+        for batch in batches:
+            self._reschedule(batch)
+        return report.full
+
+    def _reschedule(self, batch: list[tuple[str, keys.Target]]) -> None:
+        """Set each target's due time from its own items, in three round trips for the batch. A webhook may add
+        an earlier item meanwhile: its ZADD LT either lands after ours, or is restored by the second read."""
+        pipe = self.r.pipeline(transaction=False)
+        for _, target in batch:
+            pipe.zrange(keys.due_items(target), 0, 0, withscores=True)
+        firsts = pipe.execute()
+        pipe = self.r.pipeline(transaction=False)
+        for (label, target), first in zip(batch, firsts):
+            if first:
+                pipe.zadd(keys.DUE, {label: int(first[0][1])}, xx=True)
+            else:
+                pipe.zrem(keys.DUE, label)
+        for _, target in batch:
+            pipe.zrange(keys.due_items(target), 0, 0, withscores=True)
+        again = pipe.execute()[len(batch):]
+        late = {label: int(a[0][1]) for (label, _), a in zip(batch, again) if a}
+        if late:
+            self.r.zadd(keys.DUE, late, lt=True)
 
     def _follow(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
         try:
@@ -289,10 +324,12 @@ class Reconciler:
         return False
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.interval):
+        wait = self.settings.interval
+        while not self._stop.wait(wait):
+            wait = self.settings.interval
             try:
-                if self._leader():
-                    self.tick()
+                if self._leader() and self.tick().full:
+                    wait = 0.0  # still behind: the next pass starts at once
                 if self._failing:
                     self._failing = False
                     log.info("reconciler: Redis reachable again")
