@@ -126,6 +126,20 @@ class Detections:
                         alert.labels.get("job_name"), exc.message)
 
     # -- a job's detections stream
+    def waiting(self, targets: Sequence[keys.Target]) -> list[keys.Target]:
+        """The jobs whose detections stream holds an entry after the last one decided (one round trip for all:
+        the reconciler asks this of every job it visits, and a burst visits thousands)."""
+        jobs = [t for t in targets if t.kind == "job" and t.name]
+        if not jobs:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for t in jobs:
+            pipe.get(keys.detections_cursor(t))
+            pipe.xrevrange(keys.detections(t), "+", "-", count=1)
+        answers = pipe.execute()
+        return [t for t, cursor, last in zip(jobs, answers[::2], answers[1::2])
+                if last and _stream_id(last[0][0]) > _stream_id(cursor or "0-0")]
+
     def handle(self, target: keys.Target) -> list[Outcome]:
         """Decide the job's detections written since the last one decided (each by one service process)."""
         if target.kind != "job" or not target.name:
@@ -266,3 +280,9 @@ def _parse(f: Mapping[str, str]) -> tuple[str, str, str, str, str] | None:
     shown = f"{value:.4g}" if math.isfinite(value) else str(value)
     summary = _SUMMARY[alertname].format(value=shown, step=step if step >= 0 else "?") if status == "firing" else ""
     return alertname, status, starts_at, ends_at if status == "resolved" else "", summary
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    """A stream entry id ("ms-seq") as numbers, for comparing ids."""
+    ms, _, seq = str(text).partition("-")
+    return int(ms or 0), int(seq or 0)

@@ -141,10 +141,14 @@ class Reconciler:
         if records.load_scripts(self.r):
             log.info("loaded the scripts into Redis (it had none: a restart), for trainers and agents to run")
         view = AlertView(self.alertmanager)
-        # Pages of due targets until none is left, or for one interval at most (the rest is the next pass's).
+        # Every due target's RECONCILE first, page after page (for one interval at most: the rest is the next
+        # pass's), so that every action is terminal within its bound however large a burst; then follow-ups,
+        # on_resolved and detections with the time left (what is left over stays due for the next pass).
         until = time.monotonic() + self.settings.interval
-        while self._visit(now, view, report, until) and time.monotonic() < until:
+        work: dict[str, tuple[keys.Target, records.Reconciled]] = {}
+        while self._visit(now, report, work) and time.monotonic() < until:
             pass
+        self._after(now, view, report, work, until)
         if report.changed:
             # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
             self.r.zrem(keys.APPROVALS, *(rid for rid, _ in report.changed))
@@ -157,42 +161,52 @@ class Reconciler:
                 self.on_change(rid, status)
         return report
 
-    def _visit(self, now: float, view: AlertView, report: TickReport, until: float) -> bool:
-        """Visit one page of the due targets; True when the page was full (more may be due).
+    def _visit(self, now: float, report: TickReport, work: dict[str, tuple[keys.Target, records.Reconciled]]) -> bool:
+        """RECONCILE one page of the due targets, in pipelines of BATCH, and set their due times (a few round
+        trips a batch); what each needs next goes into `work`. True when the page was full (more may be due).
 
-        A burst leaves thousands of targets due at once (30,000 new jobs' commands expire together). Their
-        RECONCILE calls go first, in pipelines of BATCH, so every action becomes terminal within the bound
-        whatever comes after; then follow-ups and on_resolved, until `until`: those left wait for the next
-        pass (their items stay due, so their targets do). Due times are set in a few round trips a batch.
-        """
+        A target with follow-ups left keeps its due time at `now`, after every target not yet visited (their
+        due times are earlier), so the pages of a burst move on through the rest first."""
         due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
         report.full = len(due) >= self.settings.targets_per_tick
         parsed = [(label, keys.parse_label(label)) for label in due]
         if bad := [label for label, t in parsed if t is None]:
             self.r.zrem(keys.DUE, *bad)
         targets = [(label, t) for label, t in parsed if t is not None]
-        batches = [targets[i:i + BATCH] for i in range(0, len(targets), BATCH)]
-        done: list[records.Reconciled] = []
-        for batch in batches:
-            done += map(records.reconciled, run_scripts(self.r, [records.reconcile_call(
+        for start in range(0, len(targets), BATCH):
+            batch = targets[start:start + BATCH]
+            answers = run_scripts(self.r, [records.reconcile_call(
                 self.scripts, t, now, grace=self.settings.grace, recheck=self.settings.recheck,
-                maxlen=self.settings.mailbox_maxlen) for _, t in batch]))
-        for (_, target), d in zip(targets, done):
-            report.targets += 1
-            report.changed.extend(d.changed)
-            if time.monotonic() < until:
-                for member in d.obligations:
-                    rid = self._obligation(target, member, now, view)
-                    if rid:
-                        report.resolved.append(rid)
-                for rid in d.follow:
-                    self._follow(target, rid, now, view)
-                report.followed += len(d.follow)
-            if target.kind == "job":
-                report.detected += len(self.detections.handle(target))
-        for batch in batches:
+                maxlen=self.settings.mailbox_maxlen) for _, t in batch])
+            for (label, target), answer in zip(batch, answers):
+                done = records.reconciled(answer)
+                report.targets += 1
+                report.changed.extend(done.changed)
+                work[label] = (target, done)
             self._reschedule(batch)
         return report.full
+
+    def _after(self, now: float, view: AlertView, report: TickReport,
+               work: dict[str, tuple[keys.Target, records.Reconciled]], until: float) -> None:
+        """Follow-ups and on_resolved of the visited targets until `until`, and their jobs' detections."""
+        touched: list[tuple[str, keys.Target]] = []
+        for label, (target, done) in work.items():
+            if time.monotonic() >= until:
+                break
+            for member in done.obligations:
+                rid = self._obligation(target, member, now, view)
+                if rid:
+                    report.resolved.append(rid)
+            for rid in done.follow:
+                self._follow(target, rid, now, view)
+            report.followed += len(done.follow)
+            if done.obligations or done.follow:
+                touched.append((label, target))
+        jobs = [t for t, _ in work.values() if t.kind == "job"]
+        for target in self.detections.waiting(jobs):
+            report.detected += len(self.detections.handle(target))
+        for start in range(0, len(touched), BATCH):
+            self._reschedule(touched[start:start + BATCH])
 
     def _reschedule(self, batch: list[tuple[str, keys.Target]]) -> None:
         """Set each target's due time from its own items, in three round trips for the batch. A webhook may add
