@@ -132,6 +132,9 @@ def test_approve_and_reject_show_what_is_decided_and_then_the_status_and_reason(
     assert out.returncode == 0 and out.stdout.splitlines()[-2:] == [
         f"remediation {ids[1]}: skipped (rejected)", "  1. scale_lr: skipped (rejected): A person rejected it."], \
         out.stdout
+    # A prefix of 8 characters or more that names one record is enough (the service resolves it).
+    out = run("approve", ids[1][:12], "--url", server.url, "--yes", env=OP)
+    assert "is skipped, not pending approval" in one_line_error(out, 2)
     approved = requests.get(f"{server.url}/remediations/{ids[0]}", timeout=5).json()
     assert (approved["approved_by"], approved["approval_comment"]) == ("operator", "looks right")
     assert "is dispatched, not pending approval" in one_line_error(run("reject", ids[0], "--url", server.url,

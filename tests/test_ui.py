@@ -287,7 +287,7 @@ def test_the_page_helpers_escape_every_value_and_link_where_url_for_does(app: An
             '<div><span class="k">factor</span> <span class="v">0.5</span></div></div>')
         assert ui.params_list({}) == '<span class="muted">none</span>'
         assert ui.target_link({"kind": "job", "name": ""}) == (
-            '<span class="kind">job</span><span class="muted">none (bad label)</span>')
+            '<span class="kind">job</span><span class="muted">none</span>')
         assert ui.lr_change({"old_lr": [0.001, 0.001], "new_lr": [0.0005, 0.0005]}) == (
             '\n<span class="lr" title="learning rate of each param group, before → after">'
             'LR 0.001 (×2 groups) → 0.0005 (×2 groups)</span>')

@@ -106,9 +106,8 @@ def _decide_held(rid: str, verb: str, by: str) -> Any:
     comment = body.get("comment") or ""
     if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
         raise BadRequest(f"comment must be text of at most {MAX_COMMENT} characters")
-    if not keys.RECORD_ID_RE.match(rid):
-        raise NotFound(f"no remediation with id {rid!r}")
     x = ext()
+    rid = history.resolve_record_id(x.redis, rid)  # a full id, or a prefix naming one record
     rec = records.get(x.redis, rid)
     if rec is None:
         raise NotFound(f"no remediation with id {rid!r}")

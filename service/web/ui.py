@@ -287,12 +287,12 @@ def params_list(params: Any) -> Markup:
 
 @bp.app_template_global()
 def target_link(t: dict) -> Markup:
-    """A target's name linking to its page (a bad label says so)."""
+    """A target's name linking to its page (none when the alert named no usable target: the reason says why)."""
     kind, name = t.get("kind", ""), t.get("name")
     if name:
         return Markup(f'<a href="{escape(target_url(kind, name))}"><span class="kind">{escape(kind)}</span>'
                       f'{escape(name)}</a>')
-    return Markup(f'<span class="kind">{escape(kind)}</span><span class="muted">none (bad label)</span>')
+    return Markup(f'<span class="kind">{escape(kind)}</span><span class="muted">none</span>')
 
 
 @bp.app_template_global()
