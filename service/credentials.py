@@ -2,9 +2,10 @@
 
 A node's credentials must not let anyone command another node (nor a job's another job): each user may touch
 only keys under its own hash tag (`{node:NAME}` or `{job:NAME}`: mailbox, cursor, records, ledger, ...), its
-own wake-up channel, and the few shared keys its scripts write (its heartbeat joins the live targets; its
-acks count in the metrics; its first heartbeat puts it among the due targets; its refusals of forged
-commands are counted; the records its acks settle are journaled for the history index). Lua scripts run with
+own wake-up channel, and the few shared keys its scripts write (its heartbeat joins the live targets, and a
+job's the jobs reporting training signals; its acks count in the metrics; its first heartbeat puts it among
+the due targets; its refusals of forged commands are counted; the records its acks settle are journaled for
+the history index). Lua scripts run with
 the caller's permissions, so every command a script calls is listed; none may load scripts of its own.
 config/redis/users.acl holds the same rules for the Compose stack's own agent and trainer (a test compares).
 """
@@ -31,8 +32,10 @@ COMMANDS = {
 
 def shared_keys(kind: str) -> tuple[str, ...]:
     """The keys outside its own hash tag that a target's client and scripts write."""
-    return (keys.TARGETS, keys.live(kind), keys.METRICS, keys.DUE, keys.REJECTED, keys.HIST_JOURNAL,
-            keys.HIST_DIRTY)
+    shared = (keys.TARGETS, keys.live(kind), keys.METRICS, keys.DUE, keys.REJECTED, keys.HIST_JOURNAL,
+              keys.HIST_DIRTY)
+    # A job's heartbeat also puts it among the jobs whose training signals GET /metrics reads.
+    return (*shared, keys.SIGNALS_JOBS) if kind == "job" else shared
 
 
 def user_name(t: keys.Target) -> str:

@@ -1,6 +1,7 @@
 """In-loop detectors, training signals through poll(), and the service's side of detections."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -111,7 +112,7 @@ def test_the_heartbeat_carries_signals_to_metrics(redis_url: str, r: Any, http: 
             time.sleep(0.1)
     text = http.get("/metrics").data.decode()
     assert f'trainmedic_training_loss{{job_name="{JOB}"}} 1.5\n' in text
-    assert f'trainmedic_training_step{{job_name="{JOB}"}} 4.0\n' in text
+    assert f'trainmedic_training_step{{job_name="{JOB}"}} 4\n' in text
     assert f'trainmedic_training_learning_rate{{job_name="{JOB}"}} 0.125\n' in text
     assert f'trainmedic_training_grad_norm{{job_name="{JOB}"}} 0.75\n' in text
     assert "# TYPE trainmedic_training_samples_per_second gauge" in text
@@ -120,11 +121,81 @@ def test_the_heartbeat_carries_signals_to_metrics(redis_url: str, r: Any, http: 
     assert "trainmedic_training_loss{" not in http.get("/metrics").data.decode()
 
 
+def report(r: Any, name: str, line: str, now: float) -> None:
+    """What a job's heartbeat writes for the scrape: its line, and its place in the index until the line expires."""
+    t = keys.Target("job", name)
+    r.set(keys.signals(t), line, px=120_000)
+    r.zadd(keys.SIGNALS_JOBS, {t.label: int((now + 120) * 1000)})
+
+
+def samples(text: bytes) -> dict[str, str]:
+    """Each sample of a scrape by its series (checks every line is a sample, a HELP or a TYPE)."""
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith(("# HELP ", "# TYPE ")):
+            continue
+        series, value = line.rsplit(" ", 1)
+        assert series.count('"') == 2 and series.endswith('"}'), line
+        assert math.isfinite(float(value)), line
+        out[series] = value
+    return out
+
+
 def test_a_hostile_signals_line_never_reaches_the_scrape(r: Any) -> None:
-    t = keys.Target("job", JOB)
-    r.zadd(keys.live("job"), {t.label: int((time.time() + 30) * 1000)})
-    r.set(keys.signals(t), '1 2 3 4 5 6"}\nfake_metric 1')
-    assert b"fake_metric" not in signals.metrics_text(r)
+    now = time.time()
+    report(r, "honest", "7 1 1.25 0.5 - -", now)
+    for name, line in (("inject", '1 2 3 4 5 6"}\nfake_metric 1'), ("words", "1 2 nan inf 5 6"),
+                       ("huge", "1 2 1e999 4 5 6"), ("short", "1 2 3"), ("spaces", "1  2 3 4 5 6"),
+                       ("syntax", "1 2 1e+ 4 5 6")):
+        report(r, name, line, now)
+        text = signals.metrics_text(r, now)
+        assert b"fake_metric" not in text and b"nan" not in text.lower() and b"inf" not in text.lower()
+        got = samples(text)  # every line still a valid sample: the honest job's are all there
+        assert got['trainmedic_training_loss{job_name="honest"}'] == "1.25"
+        assert got['trainmedic_training_step{job_name="honest"}'] == "7"
+        assert 'trainmedic_training_grad_norm{job_name="honest"}' not in got  # unknown: no series
+        r.delete(keys.signals(keys.Target("job", name)))
+
+
+def test_a_label_in_the_index_that_is_not_a_plain_jobs_is_left_out(r: Any) -> None:
+    now = time.time()
+    report(r, "honest", "7 1 1.25 0.5 - -", now)
+    r.zadd(keys.SIGNALS_JOBS, {'node:x': int((now + 120) * 1000), 'job:a"b': int((now + 120) * 1000)})
+    r.set("trainmedic:{node:x}:signals", "1 2 3 4 5 6")
+    r.set('trainmedic:{job:a"b}:signals', "1 2 3 4 5 6")
+    got = samples(signals.metrics_text(r, now))
+    assert set(got) == {f'{name}{{job_name="honest"}}' for name in (
+        "trainmedic_training_loss", "trainmedic_training_step", "trainmedic_training_learning_rate")}
+
+
+def test_the_scrape_reads_only_jobs_that_report_and_drops_them_two_minutes_after_their_heartbeat(
+        redis_url: str, r: Any) -> None:
+    now = time.time()
+    for n in range(50):  # live jobs that report nothing are not in the index at all
+        r.zadd(keys.live("job"), {f"job:idle-{n}": int((now + 30) * 1000)})
+    with RemediationClient(job=JOB, redis_url=redis_url, heartbeat_interval=0.2) as rc:
+        rc.poll(step=3, loss=0.5)
+        deadline = time.monotonic() + 10
+        while r.zscore(keys.SIGNALS_JOBS, f"job:{JOB}") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert r.zrange(keys.SIGNALS_JOBS, 0, -1) == [f"job:{JOB}"]
+    expires = r.zscore(keys.SIGNALS_JOBS, f"job:{JOB}") / 1000
+    assert 110 < expires - now < 130  # two minutes after the heartbeat
+    assert samples(signals.metrics_text(r))[f'trainmedic_training_loss{{job_name="{JOB}"}}'] == "0.5"
+    # Past that, the scrape drops the job from the index (its line has expired by then too).
+    assert b"job_name" not in signals.metrics_text(r, expires + 1)
+    assert r.zcard(keys.SIGNALS_JOBS) == 0
+
+
+def test_a_non_finite_loss_is_left_out_of_the_scrape(redis_url: str, r: Any) -> None:
+    with RemediationClient(job=JOB, redis_url=redis_url, heartbeat_interval=0.2, detect=False) as rc:
+        rc.poll(step=3, loss=float("nan"))
+        deadline = time.monotonic() + 10
+        while not r.get(keys.signals(keys.Target("job", JOB))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    got = samples(signals.metrics_text(r))
+    assert got[f'trainmedic_training_step{{job_name="{JOB}"}}'] == "3"
+    assert f'trainmedic_training_loss{{job_name="{JOB}"}}' not in got
 
 
 def test_the_fingerprint_is_alertmanagers(tmp_path: Any) -> None:

@@ -166,4 +166,6 @@ class Mailbox:
         signals = info.get("signals")
         if isinstance(signals, dict):
             pipe.set(keys.signals(self.target), signals_line(signals), px=int(SIGNALS_TTL * 1000))
+            # Among the jobs GET /metrics reads until the line expires (the scrape prunes it then).
+            pipe.zadd(keys.SIGNALS_JOBS, {self.target.label: int((now + SIGNALS_TTL) * 1000)})
         pipe.execute()

@@ -432,8 +432,9 @@ class RemediationClient:
         if step is None and loss is None:
             return None
         lr = lrs[0] if isinstance(lrs, list) and lrs and isinstance(lrs[0], (int, float)) else None
-        return {"step": step, "step_since": round(self._step_since, 3), "loss": loss, "learning_rate": lr,
-                "samples_per_second": self._sps, "grad_norm": grad}
+        # A NaN loss is the detectors' to report: the heartbeat (strict JSON) carries only finite numbers.
+        return {"step": step, "step_since": round(self._step_since, 3), "loss": _finite(loss),
+                "learning_rate": _finite(lr), "samples_per_second": _finite(self._sps), "grad_norm": _finite(grad)}
 
     # -- lifecycle
     def close(self) -> None:
@@ -461,6 +462,10 @@ class RemediationClient:
 def _delivery(e: Entry) -> Delivery:
     cmd: Command | None = e.command
     return Delivery(e.entry_id, cmd, e.error, cmd.expired() if cmd is not None else False)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _url(url: str | None) -> str:

@@ -224,6 +224,9 @@ RESETS = PREFIX + "resets"
 RESET_AT = RESETS + ":at"
 # Jobs the service judged hung (label -> the hang's start, ms): TrainingHang is open for them.
 HUNG = PREFIX + "hung"
+# Jobs that report training signals (label -> when their latest line expires, ms): what GET /metrics reads,
+# so a scrape never looks at targets that report none. Each heartbeat with signals adds its job; scrapes prune.
+SIGNALS_JOBS = PREFIX + "signals:jobs"
 # Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts.
 REJECTED = PREFIX + "rejected"
 # Records the service refused to act on because their hash no longer matched its seal (only it writes this).

@@ -22,16 +22,25 @@ SIGNALS_TTL = 120.0
 DETECTED = "detected"
 # The fields of a signals line, in order ("-" where unknown).
 SIGNAL_FIELDS = ("step", "step_since", "loss", "learning_rate", "samples_per_second", "grad_norm")
+# Whole numbers beyond this are no longer exact as the float a scraper reads them into.
+_INT_LIMIT = 1 << 53
 
 
 def signals_line(signals: dict[str, Any]) -> str:
     """A heartbeat's signals as one short line: step, since when (ms), loss, LR, samples/s, grad norm."""
+    # Each value is written as Prometheus's text format writes a number, so GET /metrics copies it as it is;
+    # an unknown or non-finite value is "-" (the job's series of that metric is left out meanwhile).
     out = []
     for name in SIGNAL_FIELDS:
         v = signals.get(name)
-        if name == "step_since" and isinstance(v, (int, float)):
+        if name == "step_since" and isinstance(v, (int, float)) and math.isfinite(v):
             v = int(v * 1000)
-        out.append(repr(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            out.append("-")
+        elif isinstance(v, int):
+            out.append(repr(v) if -_INT_LIMIT < v < _INT_LIMIT else "-")
+        else:
+            out.append(repr(v) if math.isfinite(v) else "-")
     return " ".join(out)
 
 
