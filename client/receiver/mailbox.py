@@ -166,6 +166,8 @@ class Mailbox:
         signals = info.get("signals")
         if isinstance(signals, dict):
             pipe.set(keys.signals(self.target), signals_line(signals), px=int(SIGNALS_TTL * 1000))
-            # Among the jobs GET /metrics reads until the line expires (the scrape prunes it then).
+            # Among the jobs GET /metrics reads until the line expires (scrapes and hang scans prune it then);
+            # the index itself goes when no job has beaten for as long.
             pipe.zadd(keys.SIGNALS_JOBS, {self.target.label: int((now + SIGNALS_TTL) * 1000)})
+            pipe.pexpire(keys.SIGNALS_JOBS, int(SIGNALS_TTL * 1000))
         pipe.execute()

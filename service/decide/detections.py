@@ -168,6 +168,8 @@ class Detections:
         if not force and now < self._next_scan:
             return []
         self._next_scan = now + HANG_SCAN_INTERVAL
+        # Jobs whose signals expired leave the scrape's index even while nobody scrapes.
+        self.r.zremrangebyscore(keys.SIGNALS_JOBS, "-inf", f"({int(now * 1000)}")
         # Live now: a heartbeat within its TTL (keys.live scores when it stops counting).
         jobs = signals.recent_jobs(self.r, now, 0.0)
         hung: dict[str, float] = {}
