@@ -67,6 +67,7 @@ class RemediationClient:
         self._sampled = False
         self._tensor_calls = 0
         self._detector = Detector(detect_settings) if detect_settings is not None else None
+        self._observe = self._detector.observe if self._detector is not None else None  # bound once: the hot path
         # Rank 0: the job's detections it raised and has not resolved (alertname -> startsAt), and what the ranks
         # reported at the last collective (highest loss, highest grad norm, fewest samples).
         self._alerts: dict[str, str] = {}
@@ -182,8 +183,8 @@ class RemediationClient:
             if type(loss) is float and grad_norm is None and samples is None:
                 # A float loss, the common case, judged here: a method call less per step.
                 self.loss = loss
-                d = self._detector
-                if d is not None and d.observe(loss) and self._ranks.world == 1:
+                observe = self._observe
+                if observe is not None and observe(loss) and self._ranks.world == 1:
                     self._signal(None, None, None)
             else:
                 self._signal(loss, grad_norm, samples)

@@ -138,8 +138,10 @@ class Detector:
         return True
 
     def _refresh(self) -> None:
+        if not self.s.spike:  # no limit to keep: nothing to sort
+            return
         values = sorted(self._ring if self._total >= self.s.window else self._ring[:self._i])
-        if not self.s.spike or not values:
+        if not values:
             self._limit = math.inf
             return
         m = len(values) >> 1
