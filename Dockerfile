@@ -54,7 +54,8 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --index-url "${TORCH_INDEX}" --no-deps "torch==2.13.0" \
  && pip install "torch==2.13.0" prometheus-client
 COPY --from=source / /src/
-RUN pip install /src \
+# cryptography: the client verifies the service's signed commands (TRAINMEDIC_VERIFY_KEY_FILE) with it.
+RUN pip install /src cryptography \
  && pip uninstall -q -y pip setuptools
 
 

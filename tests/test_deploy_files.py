@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -350,6 +351,8 @@ def test_the_dockerfile_builds_non_root_images_from_python_311_slim_without_buil
         user = re.findall(r"^USER\s+(\S+)", body, re.M)
         assert user and user[-1] not in ("root", "0", "0:0"), final
     assert "pip uninstall -q -y pip setuptools" in named["service-build"]
+    # The trainer verifies signed commands (compose gives it the verify key): the client needs cryptography.
+    assert re.search(r"^RUN pip install /src cryptography", named["trainer-build"], re.M)
     assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", service, re.M)
     assert "torch==2.13.0" in text  # the trainer pins torch like the project does
     assert "COPY deploy/docker/constraints.txt /etc/trainmedic-constraints.txt" in text
@@ -365,6 +368,17 @@ def test_the_dockerfile_builds_non_root_images_from_python_311_slim_without_buil
         parts = kept_out.split("/")
         assert any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for pattern in ignore
                    for i in range(1, len(parts) + 1)), kept_out
+
+
+def test_every_package_the_images_install_is_pinned() -> None:
+    # The images install with the pins as constraints; a requirement added to pyproject.toml needs its pin here.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["agent"],
+              *project["optional-dependencies"]["service"], "prometheus-client", "cryptography"]
+    names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", req).group(0)).lower() for req in wanted}
+    pinned = {line.split("==")[0] for line in (ROOT / "deploy/docker/constraints.txt").read_text().splitlines()
+              if line and not line.startswith("#")}
+    assert names - {"trainmedic"} <= pinned, sorted(names - {"trainmedic"} - pinned)
 
 
 # -- the example trainer

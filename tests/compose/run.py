@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ NOT_STARTED = {
     "dcgm-exporter": "NVIDIA's DCGM exporter is not packaged by Debian, and it needs a GPU and the NVIDIA "
                      "Container Toolkit",
 }
-SPIKE_AT = "600"  # the example trainer's corrupt shard: about half a minute of training in
+SPIKE_AT = "2400"  # the corrupt shard from about two minutes in (at most 20 steps/s): 8 healthy scrapes first
 OBSERVER = "compose-test-observer"  # an extra Redis user in the test's copy of users.acl, to read ACL LOG only
 HTTP = "http://127.0.0.1:9095"
 ALERT_TIMEOUT_S = 420
@@ -163,15 +164,18 @@ def wheel_index() -> Path:
     torch = re.search(r'"(torch==[^"]+)"', (ROOT / "Dockerfile").read_text())
     if not torch:
         raise Failed("the Dockerfile pins no torch version")
-    key = digest(constraints.read_bytes(), torch.group(1).encode())
+    pins = [line for line in constraints.read_text().splitlines() if line and not line.startswith("#")]
+    key = digest("\n".join(pins).encode(), torch.group(1).encode())
     index = CACHE / f"wheels-{key}"
     if (index / "simple" / "index.html").is_file():
         say(f"  wheels: cached ({key})")
         return index
-    tmp = Path(tempfile.mkdtemp(dir=CACHE.mkdir(parents=True, exist_ok=True) or CACHE))
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for old in CACHE.glob("wheels-*"):  # an index for other pins is never used again
+        shutil.rmtree(old)
+    tmp = Path(tempfile.mkdtemp(dir=CACHE))
     try:
         files = tmp / "files"
-        pins = [line for line in constraints.read_text().splitlines() if line and not line.startswith("#")]
         run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(files),
              torch.group(1), *pins], timeout=1800)
         projects: dict[str, list[str]] = {}
@@ -239,16 +243,28 @@ def project_dir(tmp: Path) -> tuple[Path, dict[str, str]]:
     sha = hashlib.sha256(passwords["OBSERVER"].encode()).hexdigest()
     with open(cfg / "redis" / "users.acl", "a") as acl:
         acl.write(f"\nuser {OBSERVER} on #{sha} resetkeys resetchannels -@all +acl|log +ping\n")
-    # ... and the trainer's loss spikes: the compose file's own trainer command, plus --spike-at.
-    compose = yaml.safe_load((proj / "docker-compose.yml").read_text())
-    command = [*compose["services"]["trainer"]["command"], "--spike-at", SPIKE_AT]
-    (proj / "spike.yml").write_text(yaml.safe_dump({"services": {"trainer": {"command": command}}}))
     return proj, passwords
 
 
+def spike_command(proj: Path) -> list[str]:
+    """The trainer's command with --spike-at: the compose file's own, plus that flag, in an override file."""
+    base = yaml.safe_load((proj / "docker-compose.yml").read_text())["services"]["trainer"]["command"]
+    want = [*base, "--spike-at", SPIKE_AT]
+    # The Compose spec replaces a list given in an override; podman-compose 1.0 appends to it instead. Whichever
+    # this one does, its dry run shows the command it would start the trainer with.
+    for override in (want, want[len(base):]):
+        (proj / "spike.yml").write_text(yaml.safe_dump({"services": {"trainer": {"command": override}}}))
+        dry = run(compose_cmd(proj, "--dry-run", "up", "-d", "--no-build", "trainer"), cwd=proj).stdout
+        line = next((x for x in dry.splitlines() if f"--name={container('trainer')}" in x), "")
+        if line.endswith(" " + " ".join(want)) and line.count("/app/train.py") == 1:
+            return want
+    raise Failed(f"podman-compose would not start the trainer with {' '.join(want)}")
+
+
 def compose_cmd(proj: Path, *args: str) -> list[str]:
-    return ["podman-compose", "-p", PROJECT, "-f", str(proj / "docker-compose.yml"), "-f", str(proj / "spike.yml"),
-            *args]
+    options = [a for a in args if a == "--dry-run"]  # podman-compose's own option, before the command
+    return ["podman-compose", *options, "-p", PROJECT, "-f", str(proj / "docker-compose.yml"),
+            "-f", str(proj / "spike.yml"), *[a for a in args if a != "--dry-run"]]
 
 
 def container(service: str) -> str:
@@ -276,13 +292,17 @@ def up(proj: Path) -> None:
         if name in services:
             say(f"  not started: {name}: {why} (it stays in docker-compose.yml)")
     started = [s for s in services if s not in NOT_STARTED]
+    want = spike_command(proj)
     run(compose_cmd(proj, "up", "-d", "--no-build", *started), cwd=proj, timeout=600)
+    got = json.loads(podman("inspect", "--format", "{{json .Config.Cmd}}", container("trainer")))
+    if got != want:
+        raise Failed(f"the trainer runs {got}, not {want}")
+    wait_ready()
     for svc in started:
         state = podman("inspect", "--format", "{{.State.Status}}", container(svc), check=False)
         if state != "running":
             logs = podman("logs", "--tail", "40", container(svc), check=False)
             raise Failed(f"{svc} is {state or 'missing'}:\n{logs}")
-    wait_ready()
     say(f"  running: {', '.join(started)}; {HTTP}/readyz answers 200")
 
 
@@ -413,23 +433,29 @@ def restart(rec: dict[str, Any]) -> None:
     say(f"  {container('trainmedic')} restarted; the record reads the same from Redis")
 
 
-def leftovers() -> list[str]:
+def leftovers() -> dict[str, list[str]]:
+    """What of the test's project is still there: containers, volumes, networks."""
     label = f"label=io.podman.compose.project={PROJECT}"
-    found = podman("ps", "-a", "--filter", label, "--format", "{{.Names}}").split()
-    found += podman("volume", "ls", "--filter", label, "--format", "{{.Name}}").split()
-    found += [n for n in podman("network", "ls", "--format", "{{.Name}}").split() if n.startswith(PROJECT)]
-    return found
+    found = {"container": podman("ps", "-a", "--filter", label, "--format", "{{.Names}}").split(),
+             "volume": podman("volume", "ls", "--filter", label, "--format", "{{.Name}}").split(),
+             "network": [n for n in podman("network", "ls", "--format", "{{.Name}}").split() if n.startswith(PROJECT)]}
+    return {kind: names for kind, names in found.items() if names}
 
 
 def down(proj: Path) -> None:
-    run(compose_cmd(proj, "down", "-v"), cwd=proj, timeout=300, check=False)
-    # podman-compose 1.0 leaves the project's network behind.
-    for net in podman("network", "ls", "--format", "{{.Name}}").split():
-        if net.startswith(PROJECT):
-            podman("network", "rm", "-f", net)
+    out = run(compose_cmd(proj, "down", "-v"), cwd=proj, timeout=300, check=False)
+    left = leftovers()
+    # podman-compose 1.0 leaves the project's network behind, and a volume whose container was still going away.
+    if set(left) - {"network"}:
+        say(f"  podman-compose down left {left} (exit {out.returncode}); removing them")
+    for name in left.get("container", []):
+        podman("rm", "-f", "-t", "0", name, check=False)
+    for kind in ("volume", "network"):
+        for name in left.get(kind, []):
+            podman(kind, "rm", "-f", name, check=False)
     left = leftovers()
     if left:
-        raise Failed(f"down left these behind: {', '.join(left)}")
+        raise Failed(f"down left these behind: {left}")
     say("  containers, volumes and network removed")
 
 
@@ -438,13 +464,13 @@ def main() -> int:
         if not shutil.which(tool):
             print(f"compose-test needs {tool}: run `make system-deps` as root", file=sys.stderr)
             return 2
-    if leftovers():
-        say(f"  a previous run's stack is still there; removing it: {', '.join(leftovers())}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # interrupted: still take the stack down
     rec: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="trainmedic-compose-") as tmp:
         proj, passwords = project_dir(Path(tmp))
         try:
             if leftovers():
+                say(f"  a previous run left {leftovers()}: removing them first")
                 down(proj)
             with stage("images"):
                 standins(base_image())
@@ -465,11 +491,12 @@ def main() -> int:
                 if svc not in NOT_STARTED:
                     logs = podman("logs", "--tail", "25", container(svc), check=False)
                     print(f"--- {svc} (last lines)\n{logs}", flush=True)
+            rec = {}
+        finally:
             with stage("down"):
                 down(proj)
-            return 1
-        with stage("down"):
-            down(proj)
+    if not rec:
+        return 1
     say(f"passed in {time.monotonic() - STARTED:.0f} s; the record:")
     print(json.dumps(rec, indent=2))
     return 0
