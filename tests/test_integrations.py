@@ -178,6 +178,108 @@ def test_a_lightning_trainer_takes_scale_lr_save_and_stop_from_the_service(
     assert medic.client is None
 
 
+# ---------------------------------------------------------------- training signals from both
+
+def signals_of(r: redis.Redis, job: str) -> list[str]:
+    """The job's signals line as its heartbeat wrote it (step, since, loss, LR, samples/s, grad norm)."""
+    raw = r.get(keys.signals(keys.Target("job", job)))
+    return raw.decode().split(" ") if isinstance(raw, bytes) else str(raw or "").split(" ")
+
+
+def test_the_hugging_face_callback_passes_the_logged_loss_grad_norm_and_samples_by_itself(
+        r: redis.Redis, tmp_path: Path, redis_url: str) -> None:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from trainmedic.client.integrations.transformers import TrainMedicCallback
+
+    medic = TrainMedicCallback(job="hf-signals", redis_url=redis_url, heartbeat_interval=0.1, max_backoff=0.3)
+    seen: list[tuple[int, Any, Any, float]] = []
+    logged: dict[int, dict] = {}
+
+    class Probe(TrainerCallback):  # after the medic's callback: what the client holds once each step polled
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            assert medic.client is not None
+            seen.append((state.global_step, medic.client.loss, medic.client.grad_norm, medic.client.samples))
+            time.sleep(0.02)  # a few heartbeats during the run
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            logged[state.global_step] = dict(logs or {})
+
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=12, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=2, learning_rate=1e-3, save_strategy="no", report_to=[],
+                             logging_steps=1, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=0)
+    Trainer(model=tiny_gpt2(), args=args, train_dataset=TokenData(), callbacks=[medic, Probe()]).train()
+
+    assert [s for s, *_ in seen] == list(range(1, 13))
+    for step, loss, grad, samples in seen[1:]:
+        # Step N's poll passes what the Trainer logged after step N-1 (it logs after on_step_end).
+        assert loss == logged[step - 1]["loss"] and grad == logged[step - 1]["grad_norm"]
+        assert samples == 8 * step  # batch 4 times 2 accumulation steps, each step
+    deadline = time.monotonic() + 10
+    while signals_of(r, "hf-signals")[2:3] in ([], ["-"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = signals_of(r, "hf-signals")
+    assert line[2] != "-" and line[5] != "-" and float(line[5]) > 0, line  # loss and grad norm reached Redis
+
+
+def test_the_lightning_callback_passes_each_batchs_loss_size_and_the_logged_grad_norm_by_itself(
+        r: redis.Redis, tmp_path: Path, redis_url: str) -> None:
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities import grad_norm
+
+    from trainmedic.client.integrations.lightning import TrainMedicCallback
+
+    losses: list[float] = []
+    norms: list[float] = []
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            losses.append(loss.item())
+            return loss
+
+        def on_before_optimizer_step(self, optimizer: Any) -> None:
+            total = grad_norm(self.layer, norm_type=2)["grad_2.0_norm_total"]
+            norms.append(float(total))
+            self.log("grad_2.0_norm_total", total)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    medic = TrainMedicCallback(job="pl-signals", redis_url=redis_url, heartbeat_interval=0.1, max_backoff=0.3)
+    seen: list[tuple[Any, Any, float]] = []
+
+    class Probe(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
+            assert medic.client is not None
+            seen.append((medic.client.loss, medic.client.grad_norm, medic.client.samples))
+            time.sleep(0.02)
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(120, 4, generator=g), torch.randn(120, 1, generator=g))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, max_epochs=-1, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=str(tmp_path / "pl"), callbacks=[medic, Probe()])
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=6))
+
+    assert len(seen) == 30
+    assert [n for *_, n in seen] == [6.0 * (i + 1) for i in range(30)]  # every batch's size, counted
+    # The loss tensor is read once in ten batches (no device synchronisation on the others): batches 10, 20, 30.
+    assert [loss for loss, *_ in seen][9::10] == pytest.approx([losses[9], losses[19], losses[29]])
+    assert all(loss is None for loss, *_ in seen[:9])
+    assert [grad for _, grad, _ in seen][9::10] == pytest.approx([norms[9], norms[19], norms[29]], rel=1e-5)
+    deadline = time.monotonic() + 10
+    while signals_of(r, "pl-signals")[5:6] in ([], ["-"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = signals_of(r, "pl-signals")
+    assert line[2] != "-" and line[4] != "-" and line[5] != "-", line  # loss, samples/s and grad norm in Redis
+
+
 def test_importing_client_imports_no_framework() -> None:
     code = ("import sys, client, client.integrations; "
             "bad = [m for m in ('flask', 'gunicorn', 'transformers', 'lightning', 'pytorch_lightning', 'torch') "

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.data import extract_batch_size
 except ImportError:  # the older standalone package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+    from pytorch_lightning.utilities.data import extract_batch_size  # type: ignore[no-redef]
 
 from . import _pl_checkpoints as ckpts
 from ._common import ClientHolder
@@ -25,6 +28,9 @@ class TrainMedicCallback(ClientHolder, Callback):
     handler; every rank of a distributed run applies each command at the same global step.
     What the client applied is saved in every checkpoint (Callback.state_dict, with the time it was saved)
     and restored by `trainer.fit(ckpt_path=...)`, so a resume neither repeats a change nor loses one.
+    The training signals go to the client by themselves: each batch's loss (what training_step returned, as a
+    tensor the client reads once in ten batches), its size, and the gradient norm when the module logs one
+    (`self.log("grad_norm", ...)`, or Lightning's `grad_norm()` helper's total, from on_before_optimizer_step).
     """
 
     def __init__(self, job: str | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -87,11 +93,44 @@ class TrainMedicCallback(ClientHolder, Callback):
         self.restore(state_dict.get("trainmedic"))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.client is not None:
-            self.client.poll(step=int(trainer.global_step))
+        client = self.client
+        if client is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if loss is not None:
+            accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+            if isinstance(accumulate, int) and accumulate > 1:
+                loss = loss * accumulate  # Lightning hands back the loss divided for accumulation
+        client.poll(step=int(trainer.global_step), loss=loss, grad_norm=_logged_grad_norm(trainer),
+                    samples=_batch_size(batch))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.close()
+
+
+# Where a module's logged gradient norm is found: its own name, and Lightning's grad_norm() helper's total.
+GRAD_NORM_KEYS = ("grad_norm", "grad_2.0_norm_total", "train/grad_norm")
+
+
+def _logged_grad_norm(trainer: Any) -> Any:
+    """The gradient norm the module logged (a tensor or a number), or None."""
+    try:
+        metrics = trainer.callback_metrics
+    except Exception:  # no loop running, or a trainer without logging: no norm
+        return None
+    for key in GRAD_NORM_KEYS:
+        value = metrics.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _batch_size(batch: Any) -> int | None:
+    """The number of samples in a batch, as Lightning counts them for logging (None if it cannot tell)."""
+    try:
+        return int(extract_batch_size(batch))
+    except Exception:  # a batch it cannot measure: throughput is then unknown
+        return None

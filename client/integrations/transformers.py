@@ -20,7 +20,9 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
     saved before the alert began, going on with the next batches (unless you register your own handler for
     them); every rank of a distributed run applies each command at the same global step. What the client
     applied is saved with every checkpoint (in trainer_state.json, as an ExportableState, with the time it was
-    saved) and restored by `trainer.train(resume_from_checkpoint=...)`.
+    saved) and restored by `trainer.train(resume_from_checkpoint=...)`. The training signals go to the client
+    by themselves: each step's samples (the batch times the accumulation steps), and every loss and gradient
+    norm the Trainer logs (every `logging_steps`: the detectors judge each logged loss).
     """
 
     def __init__(self, job: str | None = None, **client_kwargs: Any):
@@ -29,6 +31,10 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         self._want_stop = False
         self._args: Any = None
         self._model: Any = None
+        # The latest logged loss and gradient norm not yet passed to the client, and each step's samples.
+        self._loss: float | None = None
+        self._grad_norm: float | None = None
+        self._samples: int | None = None
 
     def state(self) -> dict[str, Any]:
         """What Trainer._save_checkpoint writes into trainer_state.json for this callback."""
@@ -44,6 +50,10 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         if isinstance(saved, dict):
             self.restore((saved.get("attributes") or {}).get("_trainmedic_saved"))
         self._args, self._model = args, kwargs.get("model")
+        try:
+            self._samples = int(args.train_batch_size) * int(args.gradient_accumulation_steps)
+        except (AttributeError, TypeError, ValueError):
+            self._samples = None
         self._attach(optimizer, lr_scheduler, {"save_checkpoint": self._save, "stop_training": self._stop,
                                                "rollback_checkpoint": self._rollback})
 
@@ -69,7 +79,9 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.client is None:
             return control
-        self.client.poll(step=state.global_step)
+        loss, grad_norm = self._loss, self._grad_norm
+        self._loss = self._grad_norm = None
+        self.client.poll(step=state.global_step, loss=loss, grad_norm=grad_norm, samples=self._samples)
         # The Trainer saves and stops right after on_step_end, at this very step on every rank.
         if self._want_save:
             control.should_save = True
@@ -79,5 +91,19 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
             self._want_stop = False
         return control
 
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        # The Trainer logs after on_step_end: the next step's poll passes these on (the mean loss since the
+        # last log, and the norm it clipped the gradients by; an evaluation's logs carry neither key).
+        if isinstance(logs, dict):
+            self._loss = _number(logs.get("loss"), self._loss)
+            self._grad_norm = _number(logs.get("grad_norm"), self._grad_norm)
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
+
+
+def _number(x: Any, otherwise: float | None) -> float | None:
+    """A logged number as a float (a bool or anything else leaves `otherwise`)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    return otherwise
