@@ -1,10 +1,13 @@
-"""Example training job for trainmedic: a small PyTorch loop that exports Prometheus metrics and obeys remediations.
+"""Example training job for trainmedic: a small PyTorch loop that reports its signals and obeys remediations.
 
-It learns a fixed random "teacher" network (regression), exports what config/rules/*.yml alert on
-(training_loss, training_throughput_samples_per_second, training_gpu_info, all labelled job_name)
-plus its learning rate, step and batch size, and lets trainmedic act on it through
+It learns a fixed random "teacher" network (regression) and lets trainmedic act on it through
 client.RemediationClient: scale_lr / set_lr on the optimizer and its LR scheduler (built in), and
 rollback_checkpoint, save_checkpoint, reduce_batch_size and stop_training through the handlers below.
+Each step's loss, gradient norm and batch size go to `poll()`: the client's detectors judge the loss in
+the loop (TrainingLossNaN, TrainingLossSpike), and its heartbeat carries the values to the service's
+/metrics (trainmedic_training_*{job_name}), which config/rules/training.yml reads. No exporter is needed;
+--metrics-port N also serves this process's own per-rank series (training_loss,
+training_throughput_samples_per_second, training_gpu_info, ..., labelled job_name) on port N.
 
 With --spike-at N it reads a corrupt data shard from step N (targets replaced by noise), so the loss
 spikes on purpose; rolling back to the last good checkpoint also skips that shard, as an operator would.
@@ -50,8 +53,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--job", default=os.environ.get("TRAINMEDIC_JOB", "example-job"),
                    help="job name: the job_name label and trainmedic's target (default: $TRAINMEDIC_JOB)")
     p.add_argument("--redis-url", default=None, help="default: $TRAINMEDIC_REDIS_URL")
-    p.add_argument("--metrics-port", type=int, default=8000, help="Prometheus metrics port (0: none)")
-    p.add_argument("--metrics-addr", default="0.0.0.0")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="also serve this process's own Prometheus metrics on this port (default 0: none; the "
+                        "service's /metrics has the job's training series without it)")
+    p.add_argument("--metrics-addr", default="0.0.0.0", help="the address --metrics-port listens on")
+    p.add_argument("--no-detect", action="store_true", help="turn off the client's in-loop loss detectors")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until stopped)")
     p.add_argument("--step-time", type=float, default=0.05,
                    help="seconds each step takes at least (stands in for a real model's compute)")
@@ -108,17 +114,18 @@ class Trainer:
         return a.spike_steps <= 0 or self.step < a.spike_at + a.spike_steps
 
     # -- one step
-    def train_step(self) -> float:
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step: its loss and its gradient norm (before clipping)."""
         x, y = self.batch()
         loss = torch.nn.functional.mse_loss(self.model(x), y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 5.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 5.0)
         self.optimizer.step()
         self.scheduler.step()
         value = float(loss.detach())
         self.losses.append(value)
-        return value
+        return value, float(grad_norm)
 
     @property
     def smoothed_loss(self) -> float:
@@ -227,20 +234,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.resume()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_addr)
-    export_gpus(args.job)
+        export_gpus(args.job)
     stop = {"signal": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))  # docker stop: finish the step, exit
 
     with RemediationClient(job=args.job, redis_url=args.redis_url, optimizer=t.optimizer,
-                           scheduler=t.scheduler) as rc:
+                           scheduler=t.scheduler, detect=not args.no_detect) as rc:
         t.register(rc)
-        log.info("training %s on %s (metrics on :%s)", args.job, t.device, args.metrics_port or "-")
+        log.info("training %s on %s (own metrics on :%s)", args.job, t.device, args.metrics_port or "-")
         samples_per_s = 0.0
         while not (stop["signal"] or t.stop_requested) and (not args.steps or t.step < args.steps):
             started = time.perf_counter()
-            loss = t.train_step()
+            batch = t.batch_size
+            loss, grad_norm = t.train_step()
             t.step += 1
-            for ack in rc.poll(step=t.step):  # trainmedic's commands apply here, between two steps
+            # trainmedic's commands apply here, between two steps; the step's signals go with the call.
+            for ack in rc.poll(step=t.step, loss=loss, grad_norm=grad_norm, samples=batch):
                 REMEDIATIONS.labels(args.job, ack.action, ack.status).inc()
                 log.info("step %d: %s %s %s", t.step, ack.action, ack.status, ack.result)
             if args.checkpoint_every and t.step % args.checkpoint_every == 0:
@@ -250,15 +259,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(spare)
             rate = t.batch_size / max(time.perf_counter() - started, 1e-9)
             samples_per_s = rate if samples_per_s == 0 else 0.9 * samples_per_s + 0.1 * rate
-            LOSS.labels(args.job).set(t.smoothed_loss)
-            LR.labels(args.job).set(t.optimizer.param_groups[0]["lr"])
-            THROUGHPUT.labels(args.job).set(samples_per_s)
-            STEP.labels(args.job).set(t.step)
-            BATCH.labels(args.job).set(t.batch_size)
+            if args.metrics_port:  # without it the heartbeat alone carries the job's signals to the service
+                export(args.job, t, samples_per_s)
             if t.step % 100 == 0:
                 log.info("step %d loss %.4g lr %.3g", t.step, loss, t.optimizer.param_groups[0]["lr"])
     log.info("stopped at step %d", t.step)
     return 0
+
+
+def export(job: str, t: Trainer, samples_per_s: float) -> None:
+    """This process's own series, served on --metrics-port."""
+    LOSS.labels(job).set(t.smoothed_loss)
+    LR.labels(job).set(t.optimizer.param_groups[0]["lr"])
+    THROUGHPUT.labels(job).set(samples_per_s)
+    STEP.labels(job).set(t.step)
+    BATCH.labels(job).set(t.batch_size)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,9 @@ class Demo:
         self.spawn("trainer", [sys.executable, str(ROOT / "examples" / "train.py"), "--job", JOB,
                                "--redis-url", self.redis.url, "--metrics-port", str(self.metrics_port),
                                "--metrics-addr", "127.0.0.1", "--step-time", "0.02",
-                               "--spike-at", str(self.args.spike_at)])
+                               "--spike-at", str(self.args.spike_at),
+                               # The demo walks the Prometheus path: rule, Alertmanager, webhook.
+                               "--no-detect"])
 
         step("Alertmanager (Debian), routing to the webhook with a bearer token")
         self.am = Alertmanager(self.work, self.url + "/webhook", self.token, group_wait="1s",

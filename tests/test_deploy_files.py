@@ -469,3 +469,33 @@ def test_the_example_trainer_exports_what_the_rules_use_and_answers_a_loss_spike
     assert not list((tmp_path / "ckpt" / job).glob("*.tmp"))
     # Named so the agent's disk_cleanup recognises them as checkpoints (and keeps the newest).
     assert all(any(fnmatch.fnmatch(p.name, pat) for pat in DEFAULT_CHECKPOINT_PATTERNS) for p in saved)
+
+
+def test_the_example_trainer_needs_no_exporter_its_signals_reach_the_services_metrics_and_its_detector(
+        http: Any, r: Any, redis_url: str, tmp_path: Path) -> None:
+    job = "example-plain"
+    with open(tmp_path / "trainer.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "train.py"), "--job", job, "--redis-url", redis_url,
+             "--step-time", "0.01", "--steps", "400", "--checkpoint-every", "0", "--spike-at", "120"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    stream = keys.detections(keys.Target("job", job))
+    try:
+        deadline = time.monotonic() + 90
+        text = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = http.get("/metrics").data.decode()
+            if f'trainmedic_training_loss{{job_name="{job}"}}' in text and r.xlen(stream):
+                break
+            time.sleep(0.2)
+        out = (tmp_path / "trainer.log").read_text()
+        for name in ("loss", "step", "learning_rate", "grad_norm", "samples_per_second"):
+            assert f'trainmedic_training_{name}{{job_name="{job}"}} ' in text, out[-2000:]
+        # The client judged the corrupt shard's losses itself, in the loop: no exporter, no Prometheus rule.
+        [(_, first)] = r.xrange(stream, count=1)
+        assert first["alertname"] == "TrainingLossSpike" and first["status"] == "firing"
+        assert 120 < int(first["step"]) <= 126, first
+        assert "own metrics on :-" in out  # nothing served on a port of its own
+    finally:
+        proc.terminate()
+        proc.wait(15)
