@@ -45,14 +45,34 @@ class Decision:
 
 
 def plan(group: AlertGroup, playbooks: Iterable[Playbook]) -> list[Decision]:
-    """Every (alert, matching playbook) pair of a notification."""
-    playbooks = list(playbooks)
+    """Every (alert, matching playbook) pair of a notification, in the playbooks' order for each alert."""
+    by_name, others = index(playbooks)
     out = []
     for alert in group.alerts:
-        for pb in playbooks:
+        named = by_name.get(alert.alertname, ())
+        candidates = sorted((*named, *others)) if named and others else named or others
+        for _, pb in candidates:
             if pb.matches(alert.labels):
                 out.append(Decision(pb, alert.status, alert, resolve(pb.target, alert.labels)))
     return out
+
+
+Indexed = tuple[int, Playbook]
+
+
+def index(playbooks: Iterable[Playbook]) -> tuple[dict[str, tuple[Indexed, ...]], tuple[Indexed, ...]]:
+    """Playbooks by the alert name an `alertname="X"` matcher pins them to, and those without one; each with its
+    place in the list. An alert is matched against its name's playbooks and the others only."""
+    by_name: dict[str, list[Indexed]] = {}
+    others: list[Indexed] = []
+    for i, pb in enumerate(playbooks):
+        names = {m.value for m in pb.matchers if m.name == "alertname" and m.op == "="}
+        if len(names) == 1:
+            by_name.setdefault(names.pop(), []).append((i, pb))
+        elif not names:
+            others.append((i, pb))
+        # Two different alertname= matchers can never both hold: such a playbook matches nothing.
+    return {k: tuple(v) for k, v in by_name.items()}, tuple(others)
 
 
 def manual(playbook: Playbook, labels: dict, annotations: dict | None, requested_by: str) -> Decision:
