@@ -9,7 +9,8 @@ import pytest
 import requests
 import torch
 
-from tests.conftest import AUTH, post_json
+from tests.conftest import AUTH, post_json, write_playbooks
+from tests.support.receiver import Receiver
 from tests.support.stack import Alertmanager
 from trainmedic.client import RemediationClient
 from trainmedic.client.trainer.detect import DetectSettings, Detector
@@ -266,3 +267,63 @@ def test_a_job_that_never_passes_a_step_is_never_judged_hung(app: Any, r: Any) -
     r.zadd(keys.live("job"), {t.label: int((now + 30) * 1000)})
     r.set(keys.signals(t), f"- {int((now - 7000) * 1000)} 1.0 - - -")
     assert detections(app).scan_hangs(now, force=True) == []
+
+
+def hang(app: Any, r: Any, name: str) -> list[Any]:
+    """A live job whose step has stayed put for longer than TRAINMEDIC_HANG_AFTER: the hang scan raises it."""
+    t = keys.Target("job", name)
+    now = time.time()
+    r.zadd(keys.live("job"), {t.label: int((now + 30) * 1000)})
+    r.set(keys.signals(t), f"12 {int((now - 700) * 1000)} 1.0 - - -")
+    return detections(app).scan_hangs(now, force=True)
+
+
+def test_a_training_hang_record_is_notified_once_to_the_notify_url(make_app: Any, r: Any) -> None:
+    hook = Receiver()
+    try:
+        app = make_app(notify_url=hook.url, public_url="http://trainmedic.example")
+        [fired] = hang(app, r, JOB)
+        assert (fired.playbook, fired.status, fired.reason) == ("training-hang", "skipped", "no_actions")
+        reconciler = app.extensions["trainmedic"].reconciler
+        reconciler.tick()
+        [text] = hook.wait(1)
+        assert f"training-hang on job:{JOB}" in text and "TrainingHang" in text and "no actions" in text
+        assert f"http://trainmedic.example/records/{fired.record_id}" in text
+        reconciler.tick(time.time() + 120)
+        time.sleep(0.3)
+        assert len(hook.bodies) == 1  # one notification, and the record is no longer followed
+        assert fired.record_id not in r.zrange(keys.due_items(keys.Target("job", JOB)), 0, -1)
+        rec = app.test_client().get(f"/remediations/{fired.record_id}").get_json()
+        assert rec["status"] == "skipped" and rec["reason"] == "no_actions" and rec["requested_by"] == "detector"
+    finally:
+        hook.close()
+
+
+def test_a_playbook_without_actions_notifies_its_own_url(make_app: Any, r: Any, tmp_path: Any) -> None:
+    hook = Receiver()
+    try:
+        path = write_playbooks(tmp_path / "hang.yaml", f"""\
+playbooks:
+  - name: hang-to-people
+    matchers: ['alertname="TrainingHang"']
+    target: job
+    actions: []
+    notify: {hook.url}
+""")
+        app = make_app(playbooks=str(path))
+        [fired] = hang(app, r, JOB)
+        assert (fired.status, fired.reason) == ("skipped", "no_actions")
+        app.extensions["trainmedic"].reconciler.tick()
+        [text] = hook.wait(1)
+        assert f"hang-to-people on job:{JOB}" in text and fired.record_id in text
+    finally:
+        hook.close()
+
+
+def test_without_a_notify_url_a_no_actions_record_is_left_after_one_look(app: Any, r: Any) -> None:
+    [fired] = hang(app, r, JOB)
+    assert fired.status == "skipped"
+    app.extensions["trainmedic"].reconciler.tick()
+    assert fired.record_id not in r.zrange(keys.due_items(keys.Target("job", JOB)), 0, -1)
+    assert r.hget(keys.record(fired.record_id), "follow") in (None, "", "0")
+    assert r.hget(keys.record(fired.record_id), "status") == "skipped"

@@ -14,8 +14,13 @@ def test_the_shipped_playbooks_answer_the_contract_alerts_and_the_xid_error() ->
     pbs = {p.name: p for p in load([ROOT / "playbooks"])}
     by_alert = {m.value: p for p in pbs.values() for m in p.matchers if m.name == "alertname"}
     assert set(by_alert) == {"GPUTemperatureHigh", "GPUMemoryUsageHigh", "TrainingLossSpike", "DiskSpaceLow",
-                             "TrainingThroughputDrop", "GPUXidError"}
-    assert by_alert["GPUXidError"].approval and [s.action for s in by_alert["GPUXidError"].actions] == ["drain_node"]
+                             "TrainingThroughputDrop", "GPUXidError", "TrainingLossNaN", "TrainingHang"}
+    assert by_alert["GPUXidError"].approval and [s.action for s in by_alert["GPUXidError"].actions] == [
+        "checkpoint_jobs", "drain_node"]
+    # A NaN is answered as a spike is; a hung loop cannot apply anything: recorded, and notified when configured.
+    assert [(s.action, s.params, s.optional) for s in by_alert["TrainingLossNaN"].actions] == [
+        ("rollback_checkpoint", {}, True), ("scale_lr", {"factor": 0.5, "min_lr": 1e-7}, False)]
+    assert by_alert["TrainingHang"].target == "job" and not by_alert["TrainingHang"].actions
     gpu = by_alert["GPUTemperatureHigh"]
     assert gpu.target == "node" and [s.action for s in gpu.actions] == ["power_limit"]
     assert gpu.actions[0].params == {"fraction": 0.8}

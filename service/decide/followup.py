@@ -103,6 +103,11 @@ class FollowUp:
             self._notify(h, pb, ["breaker_open"])
             self._stop(target, rid)
             return
+        if status == "skipped" and h.get("reason") == "no_actions":
+            # A playbook with nothing to run (TrainingHang's): one notification, nothing else to follow.
+            self._notify(h, pb, ["no_actions"])
+            self._stop(target, rid)
+            return
         if status == "pending_approval":
             self._notify(h, pb, ["held"])
             return  # RECONCILE keeps it due at its approval deadline

@@ -14,6 +14,7 @@ log = logging.getLogger("trainmedic.notify")
 # Events a record can be notified for, in the order a message lists them, and what each says.
 EVENTS = {
     "held": "is held for approval: approve or reject it on its page",
+    "no_actions": "has no actions for trainmedic to run: it is recorded for people to look into",
     "failed": "failed: none of its actions was applied",
     "lost": "was lost: the process that took it ended before acknowledging it",
     "ineffective": "was ineffective: its alert still fires after the verify time",

@@ -204,14 +204,15 @@ end
 -- action's status, what dispatching or holding it adds, and the early decisions (its actions are pending).
 local astatus = 'skipped'
 if status == 'dispatched' or status == 'pending_approval' then astatus = 'pending' end
-local follow = tonumber(a.follow) == 1 and (status ~= 'skipped' or mode == 'stage')
+-- A playbook with no actions (TrainingHang's) is followed for its one notification, as a held record is.
+local follow = tonumber(a.follow) == 1 and (status ~= 'skipped' or mode == 'stage' or reason == 'no_actions')
 local early = false
 if status == 'dispatched' and tonumber(a.no_live) == 1 and reason == '' then
   -- Said on the record while nothing heartbeats for the target; the command still waits until it expires.
   reason = 'no_live_target'
 end
 -- A skip that nobody follows gets no outcome, so it keeps no time to verify one by.
-if status == 'skipped' and not follow then a.fields.verify_ms = nil end
+if status == 'skipped' and (not follow or reason == 'no_actions') then a.fields.verify_ms = nil end
 local h = {'status', status}
 -- An empty reason is left out (the reader takes a missing one as none).
 if reason ~= '' then h[#h + 1] = 'reason'; h[#h + 1] = reason end
@@ -234,7 +235,8 @@ if status == 'dispatched' then
 elseif status == 'pending_approval' then
   h[#h + 1] = 'approve_by'; h[#h + 1] = a.approve_by_ms
 end
--- A skipped firing record has nothing to follow; a skipped stage ends its ladder, which the reconciler says.
+-- A skipped firing record has nothing to follow (but its notification when it had no actions to run); a
+-- skipped stage ends its ladder, which the reconciler says.
 if follow then h[#h + 1] = 'follow'; h[#h + 1] = '1' end
 redis.call('HSET', rec, unpack(h))
 hist_touch(rec)
