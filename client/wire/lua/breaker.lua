@@ -2,13 +2,13 @@
 -- open remediation of it, so that decisions on every worker and replica never exceed the bound together.
 -- DECIDE runs in the target's slot, which on Redis Cluster differs from this one: the service claims here first,
 -- decides, and releases the claim of a pair that DECIDE did not dispatch or hold (a duplicate, a cooldown ...).
--- KEYS[1] open (sorted set: member = the record id of a ladder's first record, score = when the claim lapses
---         if nobody releases it, ms)   KEYS[2] state (string: set while the breaker holds remediations back)
--- ARGV[1] JSON {op: claim | release, now (ms), member, limit (targets), lease_ms}
 -- Returns {answer, targets counted}: claim answers 'ok' (claimed), 'open' (refused) or 'opened' (refused, and
 -- the breaker was closed until now: one notification); release answers 'released'.
-local open_z, state = KEYS[1], KEYS[2]
-local a = cjson.decode(ARGV[1])
+-- the open claims (sorted set: member = the record id of a ladder's first record, score = when the claim
+-- lapses if nobody releases it, ms)
+local open_z = KEYS[1]
+local state = KEYS[2]        -- string: set while the breaker holds remediations back
+local a = cjson.decode(ARGV[1])  -- {op: claim | release, now (ms), member, limit (targets), lease_ms}
 local now, limit = tonumber(a.now), tonumber(a.limit)
 
 -- The distinct targets of the open claims (a record id ends with ~kind~name: its target), and whether

@@ -1,37 +1,41 @@
--- Shared functions, prepended to the scripts that use them (client/wire/records.py does the prepending).
+-- Shared functions, prepended to the scripts that use them (client/wire/records.py does the prepending). They
+-- keep no state between calls and read no KEYS or ARGV: a script passes each function the keys it needs,
+-- the metrics hash among them (`metrics`: GET /metrics reads it instead of every target; fields: backlog|KIND,
+-- records dispatched and not settled, trainmedic_mailbox_backlog, and ACK's n|ACTION|STATUS, b|ACTION|BUCKET,
+-- s|ACTION). It is the global hash on a single Redis and the target's own on a cluster.
 
--- The metrics hash (GET /metrics reads it instead of every target): each script that may change a record's
--- status to or from `dispatched` sets this from its KEYS. Fields: backlog|KIND (records dispatched and not
--- settled: trainmedic_mailbox_backlog), and ACK's n|ACTION|STATUS, b|ACTION|BUCKET, s|ACTION.
-local metrics_key = nil
--- Metrics keys whose TTL this call already set: once per key per call is enough.
+-- The single Redis's metrics hash (client/wire/keys.py METRICS) and history journal (HIST_JOURNAL).
+local GLOBAL_METRICS = 'trainmedic:metrics'
+local GLOBAL_JOURNAL = 'trainmedic:hist:journal'
+-- How long the metrics hash and a target's journal live after their last write (30 days, ms).
+local KEEP_MS = 2592000000
+-- Metrics keys whose TTL this call already set: once per key per call is enough (a call starts with none).
 local metrics_ttl = {}
 
 -- The history index (service/history.py) learns of a record that was made or whose status or outcome changed
--- through a journal of record ids: the global one on a single Redis (metrics_key is the global hash there),
+-- through a journal of record ids: the global one on a single Redis (where `metrics` is the global hash),
 -- else the target's own list in its slot (whoever ran the script names the target in trainmedic:hist:dirty,
 -- client/wire/redis.py mark_journaled, and the indexer moves the list to the global one). The service drains it.
-local function hist_touch(rec)
+local function hist_touch(rec, metrics)
   local i = string.find(rec, ':rec:', 1, true)
   if not i then return end
-  if metrics_key == 'trainmedic:metrics' then
-    redis.call('RPUSH', 'trainmedic:hist:journal', string.sub(rec, i + 5))
+  if metrics == GLOBAL_METRICS then
+    redis.call('RPUSH', GLOBAL_JOURNAL, string.sub(rec, i + 5))
   else
     local j = string.sub(rec, 1, i) .. 'hj'
     redis.call('RPUSH', j, string.sub(rec, i + 5))
-    redis.call('PEXPIRE', j, 2592000000)
+    redis.call('PEXPIRE', j, KEEP_MS)
   end
 end
 
 -- A record entered (1) or left (-1) the status `dispatched`: its kind's backlog moves with it.
-local function count_backlog(rec, delta)
-  if not metrics_key then return end
+local function count_backlog(rec, delta, metrics)
   local kind = string.match(rec, '{(%a+):')
   if kind then
-    redis.call('HINCRBY', metrics_key, 'backlog|' .. kind, delta)
-    if not metrics_ttl[metrics_key] then
-      redis.call('PEXPIRE', metrics_key, 2592000000)
-      metrics_ttl[metrics_key] = true
+    redis.call('HINCRBY', metrics, 'backlog|' .. kind, delta)
+    if not metrics_ttl[metrics] then
+      redis.call('PEXPIRE', metrics, KEEP_MS)
+      metrics_ttl[metrics] = true
     end
   end
 end
@@ -53,7 +57,7 @@ local function done_or_follow(rec, open_z, rid, now)
   end
 end
 
-local function settle(rec, now, open_z, rid)
+local function settle(rec, now, open_z, rid, metrics)
   local cur = redis.call('HGET', rec, 'status')
   if cur ~= 'dispatched' then return cur end
   local n = tonumber(redis.call('HGET', rec, 'n') or '0')
@@ -75,8 +79,8 @@ local function settle(rec, now, open_z, rid)
   elseif expired == counted then status = 'expired'
   elseif lost > 0 then status = 'lost' end
   redis.call('HSET', rec, 'status', status, 'settled_ms', now)
-  hist_touch(rec)
-  count_backlog(rec, -1)
+  hist_touch(rec, metrics)
+  count_backlog(rec, -1, metrics)
   redis.call('HDEL', rec, 'cmd', 'sig')
   -- A process did take it after all: "no live target" is no longer the record's story.
   if applied > 0 and redis.call('HGET', rec, 'reason') == 'no_live_target' then redis.call('HSET', rec, 'reason', '') end

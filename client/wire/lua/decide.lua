@@ -1,16 +1,14 @@
 -- DECIDE: guard, record and dispatch one (alert, playbook) pair atomically, in the target's hash slot (DECIDE_MANY
 -- runs this once per pair, as its function decide_one; it never runs on its own).
--- KEYS[1] record   KEYS[2] mailbox   KEYS[3] episode   KEYS[4] cooldown   KEYS[5] budget
--- KEYS[6] obligation (what on_resolved must undo for this alert)   KEYS[7] open (the target's due items)
--- KEYS[8] the ladder's previous record (mode stage only)
--- ARGV[1] JSON {
+-- Its ARGV[1], decoded by DECIDE_MANY: {
 --   now (ms), mode: firing | resolved | timeout | manual | stage, start (episode start, second precision), rid,
 --   ends_ms, ends_at (a resolve's endsAt), follow (0/1: the reconciler follows the record),
 --   early ({index: [status, reason, message]}: actions the live target cannot apply), no_live (1: no live
 --   target heartbeats), defer (1: `when:` conditions first; the reconciler sends the command),
 --   forced_reason ('' or why it is skipped), cooldown_ms, budget_count, budget_window_ms, approval (0/1),
 --   dry (0/1), undo (1: the playbook has on_resolved actions), record_ttl_ms, episode_ttl_ms, maxlen,
---   channel, command, signature, expires_ms, approve_by_ms, ob_member, ob_due_ms, n, fields {name: value}}
+--   channel, command, signature, expires_ms, approve_by_ms, ob_member, ob_due_ms, n, fields {name: value},
+--   at (now as RFC 3339), hb (1: read the heartbeat), need (the actions the command was signed with)}
 -- Returns {status, record id, reason}. 'duplicate', 'stale' and 'closed' mean no new record.
 --
 -- Episodes (one remediation per firing episode): the episode hash holds `open` (start of the open episode), `closed`
@@ -20,22 +18,29 @@
 -- seen) says that a firing record changed something that the final resolve must undo, whichever episode
 -- it belonged to. An escalation stage (mode stage) is a record of the open episode made by the reconciler:
 -- once per previous record (its `next`), never after the episode closed, never held back by cooldown.
--- KEYS[9] the metrics hash (see common.lua; KEYS[8] is the record again when there is no previous record)
--- KEYS[10] the target's heartbeat: with ARGV hb = 1, DECIDE reads it instead of the service (one round trip
--- less). No heartbeat: no_live. A heartbeat that lists every action of `need` (the command was signed with
--- all of them): as sent. Anything else (an action it lacks, no list, not JSON): {'reach', '', ''} before any
--- write, and the service decides that pair again with the heartbeat read and the command made to fit.
-if KEYS[9] then metrics_key = KEYS[9] end
--- DECIDE_MANY passes the table it decoded already (decoding ~2.6 KB of JSON is a good part of a call).
+-- The heartbeat: with hb = 1, DECIDE reads it instead of the service (one round trip less). No heartbeat:
+-- no_live. A heartbeat that lists every action of `need` (the command was signed with all of them): as sent.
+-- Anything else (an action it lacks, no list, not JSON): {'reach', '', ''} before any write, and the service
+-- decides that pair again with the heartbeat read and the command made to fit.
+local rec = KEYS[1]            -- the record
+local mailbox = KEYS[2]        -- the target's mailbox
+local ep = KEYS[3]             -- the episode
+local cooldown_key = KEYS[4]   -- the playbook's cooldown on the target
+local budget_key = KEYS[5]     -- the playbook's budget on the target (sorted set of record ids by time)
+local ob = KEYS[6]             -- the obligation (what on_resolved must undo for this alert)
+local open_z = KEYS[7]         -- the target's due items
+local prev_rec = KEYS[8]       -- the ladder's previous record (mode stage; else the record again)
+local metrics = KEYS[9]        -- the metrics hash (common.lua)
+local heartbeat = KEYS[10]     -- the target's heartbeat (read with hb = 1)
+-- The pair's arguments (above): DECIDE_MANY passes the table it decoded already (decoding ~2.6 KB of JSON is
+-- a good part of a call).
 local a = ARGV[1]
-if type(a) == 'string' then a = cjson.decode(a) end
 local now, mode, rid, n = tonumber(a.now), a.mode, a.rid, tonumber(a.n)
-local rec, mailbox, ep, ob, open_z = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
 local dry = tonumber(a.dry) == 1
 local reason = ''
 
 if tonumber(a.hb) == 1 then
-  local raw = redis.call('GET', KEYS[10])
+  local raw = redis.call('GET', heartbeat)
   if not raw then
     a.no_live = 1
   else
@@ -88,7 +93,7 @@ local function close_episode()
       if redis.call('HGET', hrec, 'status') == 'pending_approval' then
         end_open(hrec, 'expired', 'resolved_before_approval', 'The alert resolved before anyone approved it.', a.at)
         redis.call('HSET', hrec, 'status', 'expired', 'reason', 'resolved_before_approval')
-        hist_touch(hrec)
+        hist_touch(hrec, metrics)
         done_or_follow(hrec, open_z, held, now)
       end
     end
@@ -147,7 +152,7 @@ elseif mode == 'resolved' or mode == 'timeout' then
   if not discharge() or n == 0 then return {'closed', '', ''} end
   if mode == 'timeout' then reason = 'resolved_not_notified' end
 elseif mode == 'stage' then
-  local prev = redis.call('HGET', KEYS[8], 'next')
+  local prev = redis.call('HGET', prev_rec, 'next')
   if prev and prev ~= '' then return {'duplicate', prev, ''} end
   local open = redis.call('HGET', ep, 'open')
   -- The episode resolved, or a later one replaced it: the ladder is over.
@@ -164,24 +169,24 @@ elseif mode == 'firing' or mode == 'manual' or mode == 'stage' then
   -- Cooldown is the ladder's as a whole: its stages never cool each other down.
   local cooldown, count, window = tonumber(a.cooldown_ms), tonumber(a.budget_count), tonumber(a.budget_window_ms)
   if mode == 'stage' then cooldown = 0 end
-  if cooldown > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  if cooldown > 0 and redis.call('EXISTS', cooldown_key) == 1 then
     status, reason = 'skipped', 'cooldown'
   elseif count > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - window)
-    if redis.call('ZCARD', KEYS[5]) >= count then status, reason = 'skipped', 'budget_exhausted' end
+    redis.call('ZREMRANGEBYSCORE', budget_key, '-inf', now - window)
+    if redis.call('ZCARD', budget_key) >= count then status, reason = 'skipped', 'budget_exhausted' end
   end
   if status == 'dispatched' and not dry then
-    if cooldown > 0 then redis.call('SET', KEYS[4], rid, 'PX', cooldown) end
+    if cooldown > 0 then redis.call('SET', cooldown_key, rid, 'PX', cooldown) end
     if count > 0 then
-      redis.call('ZADD', KEYS[5], now, rid)
-      redis.call('PEXPIRE', KEYS[5], window)
+      redis.call('ZADD', budget_key, now, rid)
+      redis.call('PEXPIRE', budget_key, window)
     end
   end
   if status == 'dispatched' and tonumber(a.approval) == 1 then status = 'pending_approval' end
 end
 if status ~= 'skipped' and dry then status = 'dry_run' end
 
-if mode == 'stage' then redis.call('HSET', KEYS[8], 'next', rid) end
+if mode == 'stage' then redis.call('HSET', prev_rec, 'next', rid) end
 if mode == 'firing' or mode == 'stage' then
   if mode == 'firing' then redis.call('HSET', ep, 'open', a.start, 'rid', string.sub(rid, 1, 26)) end
   if status == 'pending_approval' then
@@ -239,9 +244,9 @@ end
 -- skipped stage ends its ladder, which the reconciler says.
 if follow then h[#h + 1] = 'follow'; h[#h + 1] = '1' end
 redis.call('HSET', rec, unpack(h))
-hist_touch(rec)
+hist_touch(rec, metrics)
 if status == 'dispatched' then
-  count_backlog(rec, 1)
+  count_backlog(rec, 1, metrics)
   if a.command ~= '' then
     redis.call('XADD', mailbox, 'MAXLEN', '~', a.maxlen, '*', 'c', a.command, 's', a.signature)
     redis.call('PUBLISH', a.channel, rid)
@@ -254,7 +259,7 @@ end
 if follow then redis.call('ZADD', open_z, now, rid) end
 -- Every action decided already (the target can apply none of them): the record settles now. Without early
 -- decisions an action is still pending, so there is nothing to settle.
-if status == 'dispatched' and early then status = settle(rec, now, open_z, rid) end
+if status == 'dispatched' and early then status = settle(rec, now, open_z, rid, metrics) end
 redis.call('PEXPIRE', rec, a.record_ttl_ms)
 redis.call('PEXPIRE', mailbox, a.record_ttl_ms)
 redis.call('PEXPIRE', open_z, a.record_ttl_ms)

@@ -2,29 +2,31 @@
 -- indexes of the records they made, so a notification costs one round trip (the webhook answers
 -- within milliseconds). client/wire/records.py prepends decide.lua as the function decide_one(KEYS, ARGV).
 -- On Redis Cluster every key of one call must share a slot: the service makes one call per slot and writes
--- the indexes (their own slots) itself afterwards (ARGV[1].index = 0).
--- ARGV[1] JSON {n: pairs, index: 0/1}   ARGV[1 + i] DECIDE's ARGV[1] of pair i, plus `ix` (below)
--- KEYS[10 * (i - 1) + 1 .. 10 * i] DECIDE's KEYS of pair i (the 8th is the record again when there is no
--- previous record; the 9th the metrics hash; the 10th the heartbeat)
--- with index: KEYS[10n + 1] the history journal (service/history.py)   KEYS[10n + 2] approvals
---             KEYS[10n + 3] due targets   KEYS[10n + 4] targets with mailboxes
--- ix {label: target label, follow_now: 0/1 (a new followed record is looked at now: it has a silence, a
---     notification or conditions to do), later_ms (when a dispatched or held record is due otherwise),
---     approve_by_s (seconds, the approvals index's score)}
+-- the indexes (their own slots) itself afterwards (index = 0).
+-- Pair i's ARGV is DECIDE's ARGV[1] plus `ix`: {label: target label, follow_now: 0/1 (a new followed record is
+-- looked at now: it has a silence, a notification or conditions to do), later_ms (when a dispatched or held
+-- record is due otherwise), approve_by_s (seconds, the approvals index's score)}
 -- Returns one {status, record id, reason, first} per pair, in order ('reach': not decided, nothing written;
 -- first: when the reconciler is first due at the pair's target, in ms, or -1 for never).
-local spec = cjson.decode(ARGV[1])
+local spec = cjson.decode(ARGV[1])  -- {n: pairs, index: 0/1 (write the indexes too)}
 local n = tonumber(spec.n)
 local index = tonumber(spec.index) == 1
+-- Pair i's DECIDE KEYS: KEYS[10 * (i - 1) + 1 .. 10 * i] (the 8th is the record again when there is no
+-- previous record; the 9th the metrics hash; the 10th the heartbeat).
+local function pair_keys(i) return {unpack(KEYS, 10 * (i - 1) + 1, 10 * i)} end
+local function pair_args(i) return cjson.decode(ARGV[1 + i]) end  -- pair i's arguments (JSON)
+-- With index, after the pairs' keys:
+local journal = KEYS[10 * n + 1]     -- the history journal (service/history.py)
+local approvals_key = KEYS[10 * n + 2]  -- the approvals index
+local due_key = KEYS[10 * n + 3]     -- the due targets
+local mailboxes = KEYS[10 * n + 4]   -- the targets with mailboxes
+
 local out = {}
 local due = {}
 local history, approvals = {}, {}
 for i = 1, n do
-  local base = 10 * (i - 1)
-  local ks = {}
-  for j = 1, 10 do ks[j] = KEYS[base + j] end
-  local a = cjson.decode(ARGV[1 + i])
-  local answer = decide_one(ks, {a})
+  local a = pair_args(i)
+  local answer = decide_one(pair_keys(i), {a})
   if answer[1] ~= 'reach' then
     local status, rid = answer[1], answer[2]
     local new = rid ~= '' and status ~= 'duplicate' and status ~= 'stale' and status ~= 'closed'
@@ -57,9 +59,8 @@ for i = 1, n do
   out[i] = answer
 end
 if index then
-  local hkeys = 10 * n
-  if #history > 0 then redis.call('RPUSH', KEYS[hkeys + 1], unpack(history)) end
-  if #approvals > 0 then redis.call('ZADD', KEYS[hkeys + 2], unpack(approvals)) end
+  if #history > 0 then redis.call('RPUSH', journal, unpack(history)) end
+  if #approvals > 0 then redis.call('ZADD', approvals_key, unpack(approvals)) end
   -- One ZADD and one SADD for all the call's targets.
   local dz, labels = {}, {}
   for label, first in pairs(due) do
@@ -68,8 +69,8 @@ if index then
     labels[#labels + 1] = label
   end
   if #labels > 0 then
-    redis.call('ZADD', KEYS[hkeys + 3], 'LT', unpack(dz))
-    redis.call('SADD', KEYS[hkeys + 4], unpack(labels))
+    redis.call('ZADD', due_key, 'LT', unpack(dz))
+    redis.call('SADD', mailboxes, unpack(labels))
   end
 end
 return out

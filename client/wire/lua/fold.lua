@@ -1,17 +1,23 @@
 -- FOLD: one batch of the history indexer on a single Redis (service/history.py; on Redis Cluster, where the
--- records live in other slots, _drain_batch does the same in Python). It takes up to ARGV[2] record ids from
--- the journal and writes their index entries: a sequence number and the status, outcome, playbook and
+-- records live in other slots, _drain_batch does the same in Python). It takes a batch of record ids from the
+-- journal and writes their index entries: a sequence number and the status, outcome, playbook and
 -- alertname bitmaps for a new record, the status and outcome bitmaps again for a changed one, the history and
 -- per-target sorted sets, the segment's list of bitmaps. Atomic, and only while the indexer's lock still holds
--- ARGV[1]: an indexer whose lock lapsed writes nothing.
--- KEYS[1] journal   KEYS[2] the indexer's lock   KEYS[3] the sequence counter   KEYS[4] the history
--- ARGV[1] lock token   ARGV[2] batch size   ARGV[3] records per segment   ARGV[4] the history's key prefix
--- ARGV[5] trainmedic's key prefix
--- Returns how many journal entries it took, or -1 when the lock was not ARGV[1] (nothing written).
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local rids = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+-- its token: an indexer whose lock lapsed writes nothing.
+-- Returns how many journal entries it took, or -1 when the lock was not `token` (nothing written).
+local journal = KEYS[1]              -- the history journal (record ids)
+local lock = KEYS[2]                 -- the indexer's lock
+local counter = KEYS[3]              -- the sequence counter
+local history_key = KEYS[4]          -- the history (sorted set)
+local token = ARGV[1]                -- the lock token
+local batch = tonumber(ARGV[2])      -- journal entries taken at most
+local seg_size = tonumber(ARGV[3])   -- records per segment
+local hp = ARGV[4]                   -- the history's key prefix
+local prefix = ARGV[5]               -- trainmedic's key prefix
+
+if redis.call('GET', lock) ~= token then return -1 end
+local rids = redis.call('LRANGE', journal, 0, batch - 1)
 if #rids == 0 then return 0 end
-local seg_size, hp, prefix = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
 -- service/history.py _hashed: the first 16 hex digits of the value's SHA-1.
 local function hashed(value) return string.sub(redis.sha1hex(value), 1, 16) end
@@ -58,7 +64,7 @@ for _, rid in ipairs(rids) do
 end
 
 local next_seq = 0
-if fresh > 0 then next_seq = redis.call('INCRBY', KEYS[3], fresh) - fresh + 1 end
+if fresh > 0 then next_seq = redis.call('INCRBY', counter, fresh) - fresh + 1 end
 local history, targets, ttls, segments = {}, {}, {}, {}
 local function set_bits(names, seg, seq, value)
   for _, k in ipairs(names) do
@@ -107,7 +113,7 @@ for _, row in ipairs(rows) do
   if ttl > ttls[tkey] then ttls[tkey] = ttl end
 end
 
-if #history > 0 then redis.call('ZADD', KEYS[4], unpack(history)) end
+if #history > 0 then redis.call('ZADD', history_key, unpack(history)) end
 for tkey, members in pairs(targets) do
   redis.call('ZADD', tkey, unpack(members))
   -- As long as its newest record lives (the retention sweep removes the entries of older ones): never
@@ -119,5 +125,5 @@ for seg, names in pairs(segments) do
   for k in pairs(names) do list[#list + 1] = k end
   redis.call('SADD', hp .. 'seg:' .. seg, unpack(list))
 end
-redis.call('LTRIM', KEYS[1], #rids, -1)
+redis.call('LTRIM', journal, #rids, -1)
 return #rids

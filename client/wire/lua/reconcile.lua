@@ -1,24 +1,24 @@
 -- RECONCILE: bring one target's open records to the truth: expire what nobody took, offer again what a
 -- process that is gone had claimed, end the rest lost, expire holds nobody approved; and say which
 -- undo obligations are due.
--- KEYS[1] open (the target's due items: record id or obligation member -> due ms)   KEYS[2] mailbox
--- KEYS[3] heartbeat
--- ARGV[1] JSON {now (ms), at (RFC 3339), grace_ms, recheck_ms, maxlen, channel, rec_prefix, limit}
 -- Returns {next due ms or -1, {record id, status}..., obligation members that are due..., records to follow
 -- up...} as {next, changed (flat list of id, status), obligations, follow}. A record the reconciler follows
 -- (field follow = 1: its outcome, ladder, silence and notifications) is listed in `follow` when it is due;
 -- once settled, its due time is the reconciler's to set (service/decide/followup.py).
+local open_z = KEYS[1]         -- the target's due items: record id or obligation member -> due ms
+local mailbox = KEYS[2]        -- the target's mailbox
+local heartbeat = KEYS[3]      -- the target's heartbeat
+local metrics = KEYS[4]        -- the metrics hash (common.lua)
+-- {now (ms), at (RFC 3339), grace_ms, recheck_ms, maxlen, channel, rec_prefix, limit}
 local a = cjson.decode(ARGV[1])
 local now, grace, recheck = tonumber(a.now), tonumber(a.grace_ms), tonumber(a.recheck_ms)
-local open_z = KEYS[1]
--- KEYS[4] the metrics hash (see common.lua)
-metrics_key = KEYS[4]
+
 -- Every open item of the target, not only those due: a visit may come early (a new process's first
 -- heartbeat asks for one), and a claim that process's predecessor left must be offered to it now.
 local due = redis.call('ZRANGE', open_z, 0, tonumber(a.limit) - 1)
 -- Who is alive: a claim by host:pid[:rank] is orphaned when the target heartbeats from another process.
 local live = nil
-local hb = redis.call('GET', KEYS[3])
+local hb = redis.call('GET', heartbeat)
 if hb then
   local ok, info = pcall(cjson.decode, hb)
   if ok and type(info) == 'table' and info.host and info.pid then live = info.host .. ':' .. tostring(info.pid) end
@@ -37,7 +37,7 @@ for _, member in ipairs(due) do
       if now > by then
         end_open(rec, 'expired', 'approval_expired', 'Nobody approved it in time.', a.at)
         redis.call('HSET', rec, 'status', 'expired', 'reason', 'approval_expired')
-        hist_touch(rec)
+        hist_touch(rec, metrics)
         changed[#changed + 1] = member
         changed[#changed + 1] = 'expired'
         score = now
@@ -77,8 +77,8 @@ for _, member in ipairs(due) do
           end
         end
       end
-      if orphaned then reoffer(rec, KEYS[2], a.channel, a.maxlen, member) end
-      local status = settle(rec, now, open_z, member)
+      if orphaned then reoffer(rec, mailbox, a.channel, a.maxlen, member) end
+      local status = settle(rec, now, open_z, member, metrics)
       if status ~= 'dispatched' then
         changed[#changed + 1] = member
         changed[#changed + 1] = status
