@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 9095
 
-.PHONY: serve test lint system-deps bench demo dist clean
+.PHONY: serve test lint system-deps compose-test bench demo dist clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: $(VENV)/.test
 
 test: system-deps lint
 	$(BIN)/python -m pytest -q
+	$(MAKE) compose-test
+
+# docker-compose.yml for real, under Podman (as root): images built from Debian's packages and the Dockerfile
+# (cached between runs), the stack up, one alert end to end, a restart, then down (tests/compose/run.py).
+compose-test: $(VENV)/.test system-deps
+	$(BIN)/python tests/compose/run.py
 
 # profile_webhook.py samples the workers with py-spy (only the benchmarks need it).
 bench: $(VENV)/.test

@@ -460,6 +460,9 @@ def down(proj: Path) -> None:
 
 
 def main() -> int:
+    if os.geteuid() != 0:
+        print("compose-test runs as root: debootstrap and rootful Podman need it", file=sys.stderr)
+        return 2
     for tool in ("podman", "podman-compose", "debootstrap", "openssl"):
         if not shutil.which(tool):
             print(f"compose-test needs {tool}: run `make system-deps` as root", file=sys.stderr)
