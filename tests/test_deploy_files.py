@@ -1,8 +1,9 @@
 """The deployment files (docker-compose.yml, Dockerfile, config/) are valid and agree with each other and the code.
 
-Docker cannot run here, so the files are checked with the real tools (promtool, amtool), parsed, and
-cross-checked: every referenced file exists, every name and port one file uses is what another defines,
-every alert fires with the labels its shipped playbook needs, and the example trainer really answers.
+`make compose-test` (tests/compose/run.py) starts the stack for real; these quicker checks run with the rest
+of the suite: the files are checked with the real tools (promtool, amtool), parsed, and cross-checked: every
+referenced file exists, every name and port one file uses is what another defines, every alert fires with the
+labels its shipped playbook needs, and the example trainer really answers.
 """
 from __future__ import annotations
 
