@@ -88,7 +88,8 @@ def at(browser: Browser, width: int, console: list[str] | None = None) -> Page:
 def pages(server: Server, ids: dict[str, str]) -> dict[str, str]:
     """The history (every record opened), the record pages and a target's page, by name."""
     return {"history": server.url + "/", **{f"record-{k}": f"{server.url}/records/{ids[k]}"
-                                          for k in ("effective", "partial", "held", "skipped")},
+                                          for k in ("effective", "partial", "held", "skipped", "checkpoint",
+                                                    "checkpoint_job")},
             "target": f"{server.url}/targets/job/{JOB}"}
 
 
@@ -182,4 +183,23 @@ def test_a_held_record_shows_what_approving_sends_beside_the_buttons(site: tuple
     expect(steps.nth(0).locator(".warn")).to_have_count(0)
     expect(steps.nth(1).locator(".warn")).to_contain_text("does not list save_checkpoint")
     expect(page.locator(".approval")).not_to_contain_text("has not checked in")
+    page.context.close()
+
+
+def test_a_node_record_links_each_jobs_checkpoint_and_the_job_links_back(site: tuple[Server, dict[str, str]],
+                                                                          browser: Browser) -> None:
+    server, ids = site
+    page = at(browser, 390)
+    page.goto(f"{server.url}/records/{ids['checkpoint']}")
+    section = page.locator("#checkpoints")
+    expect(section.locator(".waited")).to_contain_text("once every job on the node acknowledged its checkpoint")
+    link = section.locator(f'a[href="/records/{ids["checkpoint_job"]}"]')
+    expect(link).to_be_visible()
+    expect(section.locator("li .chip")).to_contain_text("applied")
+    shot(page, "record-checkpoint.png")
+    link.click()
+    expect(page).to_have_url(f"{server.url}/records/{ids['checkpoint_job']}")
+    back = page.locator("#record tr", has_text="checkpoint for").locator("a")
+    expect(back).to_have_attribute("href", f"/records/{ids['checkpoint']}")
+    expect(page.locator("#ladder")).to_have_count(0)
     page.context.close()

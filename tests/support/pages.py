@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ import redis
 import torch
 
 from trainmedic.client import RemediationClient
-from trainmedic.client.wire import keys
+from trainmedic.client.wire import keys, records
 
 from tests.conftest import load_fixture, post_json
 
@@ -60,7 +61,15 @@ playbooks:
     matchers: ['alertname="TrainingThroughputDrop"']
     target: job
     actions: []
+  - name: gpu-xid-checkpoint-then-drain
+    matchers: ['alertname="GPUXidErrorCheckpoint"']
+    target: node
+    actions:
+      - checkpoint_jobs: {timeout: 1m}
+      - drain_node: {reason: "GPU hardware error (XID 79)"}
 """
+CKPT_JOB = "gpt-neox-20b-pretrain-pile-shard-17"
+CKPT_NODE = "gpu-node-12.cluster.example.org"
 
 
 def alert(alertname: str, fingerprint: str, status: str = "firing", ends: str | None = None,
@@ -85,7 +94,8 @@ def _utc(t: float) -> str:
 def seeded(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Iterator[tuple[Any, dict[str, str]]]:
     """An app and its history: the ids of an effective, a partially applied, a held (for a node that is not
     live, and for a live job that cannot apply one of its actions), a dispatched, a skipped, an action-less
-    and a badly labelled record, by those names."""
+    and a badly labelled record, by those names; `checkpoint` is a node record whose checkpoint_jobs step
+    ended once its job acknowledged, `checkpoint_job` that job's record."""
     (tmp_path / "pb.yaml").write_text(PLAYBOOKS)
     app = make_app(playbooks=str(tmp_path / "pb.yaml"), UI_REFRESH_SECONDS=3600)
     http = app.test_client()
@@ -133,6 +143,43 @@ def seeded(make_app: Any, r: redis.Redis, redis_url: str, tmp_path: Path) -> Ite
         ids["held_live"] = fire(alert("TrainingLossPlateau", "p1", job_name=JOB))
         ids["no_actions"] = fire(alert("TrainingThroughputDrop", "d1", job_name="bert-large-pretrain-wiki-03"))
         ids["bad_label"] = fire(alert("TrainingThroughputDrop", "e1", job_name="../../etc/passwd"))
+        ids["checkpoint"], ids["checkpoint_job"] = checkpointed(app, r, redis_url)
         yield app, ids
+    finally:
+        rc.close()
+
+
+def checkpointed(app: Any, r: redis.Redis, redis_url: str) -> tuple[str, str]:
+    """A node record whose checkpoint_jobs step ended when the one job on its node saved; (its id, the job's)."""
+    saved = os.environ.get("TRAINMEDIC_NODE")
+    os.environ["TRAINMEDIC_NODE"] = CKPT_NODE  # the client reads its node once, when it is made
+    try:
+        rc = RemediationClient(job=CKPT_JOB, redis_url=redis_url, heartbeat_interval=0.5)
+    finally:
+        if saved is None:
+            del os.environ["TRAINMEDIC_NODE"]
+        else:
+            os.environ["TRAINMEDIC_NODE"] = saved
+    try:
+        rc.register("save_checkpoint", lambda params: {"path": f"/ckpt/{CKPT_JOB}/step-4000", "step": 4000})
+        beat = keys.heartbeat(keys.Target("job", CKPT_JOB))
+        deadline = time.monotonic() + 10
+        while "save_checkpoint" not in json.loads(r.get(beat) or "{}").get("actions", []):
+            assert time.monotonic() < deadline, "the heartbeat never listed save_checkpoint"
+            rc.poll(step=4000)
+            time.sleep(0.05)
+        resp = post_json(app.test_client(), "/webhook", alert("GPUXidErrorCheckpoint", "k1", node=CKPT_NODE))
+        [rec] = resp.get_json()["remediations"]
+        rid = str(rec["id"])
+        deadline = time.monotonic() + 10
+        while True:
+            app.extensions["trainmedic"].reconciler.tick()
+            rc.poll(step=4000)
+            got = records.get(r, rid)
+            result = (got["actions"][0]["result"] if got else None) or {}
+            if result.get("waited"):
+                return rid, str(result["jobs"][0]["id"])
+            assert time.monotonic() < deadline, "the checkpoint step did not end in 10 s"
+            time.sleep(0.05)
     finally:
         rc.close()
