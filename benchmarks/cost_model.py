@@ -16,6 +16,15 @@ appended to the AOF, and the time spent inside the scripts (commandstats usec of
 
     .venv/bin/python benchmarks/cost_model.py                         # 0 and 100,000 records / 10,000 jobs
     .venv/bin/python benchmarks/cost_model.py --fill 0 --alerts 500   # quick
+    .venv/bin/python benchmarks/cost_model.py --breaker               # the breaker's cost: max_active or not
+
+--breaker measures the webhook's path with the shipped loss-spike playbook as it ships (no max_active), and
+with max_active {count: N} or {percent: 100} (of 10,000 live jobs) where N and the live jobs are far above
+the alerts sent, so every alert is still claimed and dispatched: the difference is the claim (lua/breaker.lua,
+one more round trip a notification) and, for the percent form, reading the live targets (at most once a
+second). The claim counts the distinct targets of the open claims, so it is also measured with 1,000 and
+10,000 claims already open. Each variant gets a fresh Redis; the variants take turns, round after round, and
+the medians are printed.
 """
 from __future__ import annotations
 
@@ -35,12 +44,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis  # noqa: E402
+import yaml  # noqa: E402
 
 from common import ROOT, SIGNING_KEY, TOKEN  # noqa: E402
 from trainmedic.client import logs  # noqa: E402
 from trainmedic.service.app import create_app  # noqa: E402
 from trainmedic.service.embedded_redis import EmbeddedRedis  # noqa: E402
-from trainmedic.service import history
+from trainmedic.service import history  # noqa: E402
+from trainmedic.client.wire import keys  # noqa: E402
 
 HEADERS = {"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"}
 
@@ -106,14 +117,14 @@ def fill(http: Any, records_n: int, targets: int) -> float:
 
 
 @contextmanager
-def in_process() -> Iterator[tuple[Any, redis.Redis]]:
+def in_process(playbooks: Path = ROOT / "playbooks") -> Iterator[tuple[Any, redis.Redis]]:
     """The app's test client and a client of its embedded Redis (AOF fsync always), logging at info."""
     tmp = Path(tempfile.mkdtemp(prefix="trainmedic-cost-"))
     srv = EmbeddedRedis(tmp / "redis").start()
     devnull = open(os.devnull, "w")
     try:
         app = create_app({"redis_url": srv.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
-                          "playbooks": str(ROOT / "playbooks")})
+                          "playbooks": str(playbooks)})
         logs.setup("info", devnull)  # one JSON line per remediation, as under gunicorn at info
         logging.getLogger("trainmedic.reconciler").setLevel(logging.WARNING)
         yield app.test_client(), redis.Redis.from_url(srv.url, decode_responses=True)
@@ -122,12 +133,77 @@ def in_process() -> Iterator[tuple[Any, redis.Redis]]:
         devnull.close()
 
 
+def bounded_playbooks(folder: Path, max_active: dict[str, int] | None) -> Path:
+    """The shipped playbooks with loss-spike's max_active set (None: as shipped) in folder/default.yaml."""
+    doc = yaml.safe_load((ROOT / "playbooks" / "default.yaml").read_text())
+    for pb in doc["playbooks"]:
+        if pb["name"] == "loss-spike":
+            assert "max_active" not in pb, "the shipped loss-spike playbook is bounded already"
+            if max_active is not None:
+                pb["max_active"] = max_active
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "default.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def breaker(alerts: int, rounds: int) -> None:
+    """The webhook's cost per alert without and with the breaker, the variants taking turns on fresh Redis."""
+    big = 1_000_000  # the largest bound, one no row reaches: every alert is claimed and dispatched
+    variants = [("no max_active (as shipped)", None, 0, 0),
+                ("count, 0 open claims", {"count": big}, 0, 0),
+                ("percent, 0 open claims", {"percent": 100}, 0, big),
+                ("count, 1,000 open claims", {"count": big}, 1_000, 0),
+                ("count, 10,000 open claims", {"count": big}, 10_000, 0)]
+    tmp = Path(tempfile.mkdtemp(prefix="trainmedic-breaker-"))
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for rnd in range(rounds):
+        for v, (label, bound, held, live) in enumerate(variants):
+            with in_process(bounded_playbooks(tmp / f"v{v}", bound)) as (http, r):
+                until = (time.time() + 3600) * 1000
+                if live:  # live jobs for the percent form to count (only ZCOUNT reads them, at most once a second)
+                    r.zadd(keys.live("job"), {f"job:live-{n}": until for n in range(10_000)})
+                # Claims of other open remediations, each its own target, as breaker.lua keeps them.
+                for first in range(0, held, 10_000):
+                    r.zadd(keys.breaker_open("loss-spike"), {f"01J{n:023d}~job~held-{n}": until
+                                                             for n in range(first, min(held, first + 10_000))})
+                for group in (1, 10):
+                    m = measure(http, r, group, alerts, f"b{rnd}{v}g{group}")
+                    assert m["records"] == m["alerts"], m
+                    runs.setdefault((label, group), []).append(m)
+                # Below the bound throughout: the breaker never opened, so no alert was skipped for it.
+                assert not r.exists(keys.breaker_state("loss-spike")), f"{label}: the breaker opened"
+    print(f"breaker cost per alert: in-process webhook (Flask test client), AOF appendfsync always, signing on, "
+          f"logging at info; loss-spike without and with max_active (a bound no row reaches); {alerts} alerts "
+          f"per row (each a new fingerprint, a new job and one more open claim), every one dispatched; median of "
+          f"{rounds} rounds, the variants taking turns on fresh Redis; CPU is process time")
+    print(f"{'max_active of loss-spike':34s} {'alerts/req':>10s} {'cmds/alert':>10s} {'Redis CPU us':>12s} "
+          f"{'service CPU us':>14s} {'EVALSHA us':>10s} {'wall us':>8s}")
+    for (label, group), ms in runs.items():
+        print(f"{label:34s} {group:10d} {median([m['cmds'] for m in ms]):10.1f} "
+              f"{median([m['redis_us'] for m in ms]):12.0f} {median([m['svc_us'] for m in ms]):14.0f} "
+              f"{median([m['eval_us'] for m in ms]):10.0f} {median([m['wall_us'] for m in ms]):8.0f}")
+    print("range over rounds, Redis CPU us / service CPU us: " + "; ".join(
+        f"{label} x{group}: {min(m['redis_us'] for m in ms):.0f}-{max(m['redis_us'] for m in ms):.0f} / "
+        f"{min(m['svc_us'] for m in ms):.0f}-{max(m['svc_us'] for m in ms):.0f}"
+        for (label, group), ms in runs.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--alerts", type=int, default=2000, help="alerts measured per row (default 2000)")
     ap.add_argument("--fill", type=int, default=100_000, help="records to add before the second pass (0: none)")
     ap.add_argument("--targets", type=int, default=10_000, help="jobs the fill spreads over")
+    ap.add_argument("--breaker", action="store_true", help="compare loss-spike without and with max_active instead")
+    ap.add_argument("--rounds", type=int, default=3, help="with --breaker: rounds of the variants (default 3)")
     args = ap.parse_args()
+    if args.breaker:
+        breaker(args.alerts, args.rounds)
+        return
 
     with in_process() as (http, r):
         rows: list[tuple[str, int, dict[str, float]]] = []
