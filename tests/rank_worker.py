@@ -32,6 +32,8 @@ def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.opti
 
 def main(cfg: dict) -> None:
     rank, world = cfg["rank"], cfg["world"]
+    if cfg.get("nodes"):  # each rank's own node, as each host of a multi-node job has its own
+        os.environ["TRAINMEDIC_NODE"] = cfg["nodes"][rank]
     client_first = cfg.get("client_before_init", False) and rank == 0
     rc = None
     model, opt, sched = build(0)
@@ -55,6 +57,10 @@ def main(cfg: dict) -> None:
         @c.handler("save_checkpoint")
         def save(params: dict) -> dict:
             saves.append(c.step or 0)
+            if cfg.get("ckpt_dir"):  # a real file per rank, named by the step every rank agreed on
+                path = Path(cfg["ckpt_dir"]) / f"{cfg['job']}-step-{c.step}.rank{rank}.pt"
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": c.step}, path)
+                return {"saved_at": c.step, "path": str(path)}
             return {"saved_at": c.step}
 
         @c.handler("rollback_checkpoint")

@@ -6,6 +6,7 @@ The whole path with Slurm, node agents and training processes is tests/e2e/test_
 """
 from __future__ import annotations
 
+import html
 import json
 import time
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 import redis
 
 from trainmedic.client.wire import keys, records
+from trainmedic.service.decide import checkpoints
 
-from tests.conftest import load_fixture, post_json, write_playbooks
+from tests.conftest import OP_AUTH, load_fixture, post_json, write_playbooks
 from tests.support.jobs import wait_record
 from tests.support.loop import Loop
 
@@ -188,3 +190,117 @@ def test_no_job_on_the_node_skips_the_step_and_a_restarted_reconciler_keeps_one_
     rec = wait_record(r, made["id"], lambda x: x is not None and x["actions"][0]["status"] != "pending", tick=step)
     assert rec["actions"][0]["result"]["jobs"][0]["id"] == plan["jobs"][0][1]
     assert rec["actions"][0]["status"] == "applied"
+
+
+def page(http: Any, rid: str) -> str:
+    resp = http.get(f"/records/{rid}", headers=OP_AUTH)
+    assert resp.status_code == 200
+    return html.unescape(resp.get_data(as_text=True))  # the text as a person reads it
+
+
+def test_the_record_pages_link_the_node_and_its_jobs_and_say_how_the_wait_ended(
+        make_app: Any, r: redis.Redis, tmp_path: Path, on_node: Any) -> None:
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS)))
+    http = app.test_client()
+    a, b = on_node("job-a"), on_node("job-b")
+    saver(a)
+    saver(b)
+    live(r, a, b)
+    held = fire(http, "GPUXidError", "p1")
+    before = page(http, held["id"])
+    assert "Once approved, each job with a live process on the node saves a checkpoint" in before
+    post_json(http, f"/remediations/{held['id']}/approve", {})
+    app.extensions["trainmedic"].reconciler.tick()
+
+    # Waiting: the page names each planned job record, and until when the node's next actions wait.
+    plan = dict(json.loads(r.hget(keys.record(held["id"]), "ckpt")))
+    waiting = page(http, held["id"])
+    assert "Waiting: the node's next actions go out once every job below acknowledged" in waiting
+    for job, cid in plan["jobs"]:
+        assert f'<a href="/records/{cid}">checkpoint of job {job}</a>' in waiting
+
+    def step() -> None:
+        a.tick()
+        b.tick()
+        app.extensions["trainmedic"].reconciler.tick()
+
+    rec = wait_record(r, held["id"], lambda x: x is not None and x["actions"][0]["status"] != "pending", tick=step)
+    done = page(http, held["id"])
+    assert ("The node's next actions went out once every job on the node acknowledged its checkpoint."
+            in done) and "Waiting:" not in done
+    for j in rec["actions"][0]["result"]["jobs"]:
+        assert f'<a href="/records/{j["id"]}">checkpoint of job {j["job"]}</a>' in done
+        child = page(http, j["id"])
+        # A job's record links back to the node's record, and is not drawn as a stage of the node's ladder.
+        assert f'<tr><td>checkpoint for</td><td><a href="/records/{held["id"]}">the node\'s remediation</a>' in child
+        assert 'id="ladder"' not in child and 'id="checkpoints"' not in child
+
+
+def test_the_page_says_when_the_timeout_ended_the_wait_and_when_no_job_was_on_the_node(
+        make_app: Any, r: redis.Redis, tmp_path: Path, on_node: Any) -> None:
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS)))
+    http = app.test_client()
+    empty = fire(http, "SaveFirst", "p2", node="gpu-node-9")
+    app.extensions["trainmedic"].reconciler.tick()
+    assert "No job had a live process on the node: the node's next actions went out at once." in page(
+        http, empty["id"])
+
+    stuck = on_node("job-stuck")
+    saver(stuck)
+    live(r, stuck)
+    held = fire(http, "GPUXidError", "p3")
+    post_json(http, f"/remediations/{held['id']}/approve", {})
+
+    def step() -> None:
+        app.extensions["trainmedic"].reconciler.tick()
+        time.sleep(0.1)
+
+    wait_record(r, held["id"], lambda x: x is not None and x["actions"][0]["status"] != "pending", tick=step,
+                timeout=20)
+    text = page(http, held["id"])
+    assert ("The node's next actions went out when the timeout passed before every job acknowledged its "
+            "checkpoint.") in text
+    assert "checkpoint of job job-stuck</a>" in text and "st-dispatched" in text
+
+
+def test_a_job_with_ranks_on_two_nodes_is_found_on_either_and_checkpoints_once_at_one_step(
+        make_app: Any, r: redis.Redis, tmp_path: Path, redis_url: str) -> None:
+    from tests.test_distributed import Ranks
+
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS)))
+    http = app.test_client()
+    job, nodes = "ddp-two-nodes", ["gpu-node-a", "gpu-node-b"]
+    rk = Ranks(tmp_path, 2, redis_url, "two-nodes", job=job, nodes=nodes, expect=1, max_steps=1_000_000,
+               step_sleep=0.02)
+    try:
+        beat = keys.heartbeat(keys.Target("job", job))
+        # Rank 0 gathers every rank's node at the first collective and reports them all in its heartbeat.
+        until = time.monotonic() + 90
+        while not (r.get(beat) and json.loads(r.get(beat) or "{}").get("nodes") == nodes):
+            assert time.monotonic() < until, f"no heartbeat naming both nodes: {r.get(beat)}"
+            time.sleep(0.1)
+        info = json.loads(r.get(beat) or "{}")
+        assert info["node"] == "gpu-node-a" and info["ranks"] == 2
+        assert checkpoints.on_node(r.get(beat), "gpu-node-a") and checkpoints.on_node(r.get(beat), "gpu-node-b")
+
+        # An alert on rank 1's node, which is not the heartbeating process's own node, still finds the job.
+        made = fire(http, "SaveFirst", "n2", node="gpu-node-b")
+
+        def step() -> None:
+            app.extensions["trainmedic"].reconciler.tick()
+            time.sleep(0.05)
+
+        rec = wait_record(r, made["id"], lambda x: x is not None and x["actions"][0]["status"] != "pending",
+                          tick=step, timeout=60)
+        result = rec["actions"][0]["result"]
+        assert rec["actions"][0]["status"] == "applied" and result["waited"] == "acknowledged"
+        [row] = result["jobs"]
+        assert row["job"] == job and row["status"] == "applied"
+        assert len(r.keys(f"trainmedic:{{job:{job}}}:rec:*")) == 1, "one checkpoint for the job, not one per rank"
+        results = rk.wait(timeout=60)
+    finally:
+        rk.kill()
+    saves = [[(a["record_id"], a["action"], a["step"]) for a in res["applied"]] for res in results]
+    assert saves[0] == saves[1] == [(row["id"], "save_checkpoint", saves[0][0][2])], saves
+    child = records.get(r, row["id"])
+    assert child is not None and child["actions"][0]["result"]["saved_at"] == saves[0][0][2]

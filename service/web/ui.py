@@ -168,12 +168,50 @@ def record(rid: str) -> Any:
         t = rec.get("target") or {}
         live = next((x for x in live_targets(ext.redis) if x["kind"] == t.get("kind") and x["name"] == t.get("name")),
                     None)
-    return _page("record.html", **_common(now), rec=rec, ladder=ladder, around=around, live=live), 200, HTML
+    return _page("record.html", **_common(now), rec=rec, ladder=ladder, around=around, live=live,
+                 checkpoints=_checkpoints(ext.redis, rid, rec)), 200, HTML
+
+
+# How a node record's wait for its jobs' checkpoints ended (the checkpoint_jobs step's result `waited`), in words.
+WAITED = {
+    "acknowledged": "The node's next actions went out once every job on the node acknowledged its checkpoint.",
+    "acknowledged_or_gone": "The node's next actions went out once every job on the node acknowledged its "
+                            "checkpoint or stopped heartbeating.",
+    "timeout": "The node's next actions went out when the timeout passed before every job acknowledged its "
+               "checkpoint.",
+    "no_jobs": "No job had a live process on the node: the node's next actions went out at once.",
+}
+
+
+def _checkpoints(r: Any, rid: str, rec: dict) -> dict | None:
+    """A node record's checkpoint_jobs step as the page shows it: each job's record (its link and status now)
+    and how the wait ended in words, or that it still waits (and until when); None without such a step."""
+    step = next((a for a in rec["actions"] if a.get("action") == "checkpoint_jobs"), None)
+    if step is None:
+        return None
+    result = step.get("result") if isinstance(step.get("result"), dict) else {}
+    if result.get("waited") or result.get("jobs"):
+        jobs = [(str(j.get("job")), str(j.get("id"))) for j in result.get("jobs") or [] if isinstance(j, dict)]
+        deadline = None
+    else:  # still waiting (or not begun): the plan on the record names the jobs and the deadline
+        plan = json.loads(record_store.field(r, rid, "ckpt") or "{}")
+        jobs = [(str(job), str(cid)) for job, cid in plan.get("jobs") or []]
+        deadline = int(plan["deadline_ms"]) / 1000 if plan.get("deadline_ms") else None
+    pipe = r.pipeline(transaction=False)
+    for _, cid in jobs:
+        pipe.hget(keys.record(cid), "status")
+    statuses = pipe.execute() if jobs else []
+    waited = str(result.get("waited") or "")
+    return {"jobs": [{"job": job, "id": cid, "status": st or "gone"} for (job, cid), st in zip(jobs, statuses)],
+            "waited": waited, "words": WAITED.get(waited), "waited_s": result.get("waited_s"),
+            "deadline": deadline, "status": step.get("status")}
 
 
 def _ladder(r: Any, rec: dict) -> list[dict]:
-    """The record's escalation ladder in order: its first record, then each next stage (bounded)."""
-    first = record_store.get(r, rec["escalation"]["parent"]) if rec["escalation"]["parent"] else rec
+    """The record's escalation ladder in order: its first record, then each next stage (bounded). A job's
+    checkpoint record has a parent too (the node's record, stage 0): not a stage of that record's ladder."""
+    esc = rec["escalation"]
+    first = record_store.get(r, esc["parent"]) if esc["parent"] and esc["stage"] else rec
     out: list[dict] = []
     cur = first
     while cur is not None and len(out) < 32:
