@@ -43,12 +43,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import OUTCOMES, RECORD_STATUSES, from_hash, lua
+from trainmedic.client.wire.records import Outcome, RecordStatus, from_hash, lua
 from trainmedic.client.wire.redis import is_cluster
 
 from .errors import BadRequest, NotFound
 
-STATUSES = RECORD_STATUSES
+# The filters' choices.
+STATUSES = tuple(RecordStatus)
+OUTCOMES = tuple(Outcome)
 FILTERS = ("alertname", "playbook", "target", "status", "outcome")
 MAX_LIMIT = 500
 SEG_BITS = 16

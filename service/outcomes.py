@@ -12,7 +12,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import OUTCOMES
+from trainmedic.client.wire.records import Outcome, values
 
 WINDOW = 30 * 86400.0
 # Most members each per-playbook set keeps, whatever their age.
@@ -25,7 +25,7 @@ def note(r: Any, playbook: str, record_id: str, status: str, now: float, time_to
     """Count a record's new outcome: it leaves the other outcome sets, joins this one, and moves the counters."""
     ms = int(now * 1000)
     pipe = r.pipeline(transaction=False)
-    for other in OUTCOMES:
+    for other in Outcome:
         if other != status:
             pipe.zrem(keys.outcomes(other, playbook), record_id)
     key = keys.outcomes(status, playbook)
@@ -34,7 +34,7 @@ def note(r: Any, playbook: str, record_id: str, status: str, now: float, time_to
     pipe.zremrangebyrank(key, 0, -SET_CAP - 1)
     pipe.pexpire(key, int(WINDOW * 1000))  # a playbook that is gone takes its sets with it
     pipe.hincrby(keys.OUTCOME_COUNTS, f"{playbook}|{status}", 1)
-    if status == "effective" and time_to_resolve is not None:
+    if status == Outcome.EFFECTIVE and time_to_resolve is not None:
         times = keys.resolve_times(playbook)
         pipe.zadd(times, {f"{record_id}|{time_to_resolve:.3f}": ms})
         pipe.zremrangebyscore(times, "-inf", ms - int(WINDOW * 1000))
@@ -73,16 +73,17 @@ def summaries(r: Any, playbooks: Iterable[str], now: float) -> dict[str, Summary
     since = int((now - WINDOW) * 1000)
     pipe = r.pipeline(transaction=False)
     for name in names:
-        for status in OUTCOMES:
+        for status in Outcome:
             pipe.zcount(keys.outcomes(status, name), since, "+inf")
         pipe.zrangebyscore(keys.resolve_times(name), since, "+inf")
     answers = pipe.execute() if names else []
     out = {}
-    per = len(OUTCOMES) + 1
+    per = len(Outcome) + 1
     for i, name in enumerate(names):
         row = answers[i * per:(i + 1) * per]
         times = sorted(float(m.rpartition("|")[2]) for m in row[-1])
-        out[name] = Summary(dict(zip(OUTCOMES, map(int, row[:-1]))), percentile(times, 50), percentile(times, 90))
+        out[name] = Summary(dict(zip(values(Outcome), map(int, row[:-1]))), percentile(times, 50),
+                            percentile(times, 90))
     return out
 
 

@@ -104,7 +104,7 @@ def test_status_and_outcome_filters_follow_acks_expiry_and_verdicts(app: Any, ht
     assert sorted(expired) == sorted(ids[10:])
     assert http.get("/history?status=dispatched").get_json() == {"items": [], "next": None}
     truth = {rid: records.get(r, rid) for rid in ids}
-    for o in records.OUTCOMES:
+    for o in records.Outcome:
         got = {i["id"] for i in http.get(f"/history?outcome={o}&limit=500").get_json()["items"]}
         assert got == {rid for rid, rec in truth.items() if (rec["outcome"] or {}).get("status") == o}, o
 

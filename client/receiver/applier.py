@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..wire.actions import CATALOGUE, ParamError
 from ..wire.protocol import ActionCall, Ack, Command, finite, rfc3339
+from ..wire.records import ActionReason, ActionStatus
 
 log = logging.getLogger("trainmedic.applier")
 
@@ -182,7 +183,7 @@ class Applier:
         extra = {"remediation_id": cmd.record_id, "fingerprint": cmd.fingerprint or None,
                  "target": f"{cmd.kind}:{cmd.target}", "action": call.action, "status": status}
         detail = result.get("error") or result.get("message") or reason or ""
-        if status == "failed":
+        if status == ActionStatus.FAILED:
             log.warning("%s failed for %s: %s", call.action, cmd.record_id, detail, extra=extra)
         else:
             log.info("%s %s for %s%s", call.action, status, cmd.record_id, f": {detail}" if detail else "", extra=extra)
@@ -190,4 +191,5 @@ class Applier:
     @staticmethod
     def _unsupported(call: ActionCall, message: str) -> tuple[str, str | None, dict[str, Any]]:
         # An optional step the target cannot apply is skipped, so it fails nothing (a step's `optional:`).
-        return ("skipped" if call.optional else "unsupported"), "unsupported", {"message": message}
+        status = ActionStatus.SKIPPED if call.optional else ActionStatus.UNSUPPORTED
+        return status, ActionReason.UNSUPPORTED, {"message": message}

@@ -83,7 +83,7 @@ class Mailbox:
         replayed = len({a.record_id for a in acks if a.replayed})
         if replayed:
             self.count_refused("replayed", replayed)
-        if any(a and str(a[2]) != "dispatched" for a in answers):
+        if any(a and str(a[2]) != records.RecordStatus.DISPATCHED for a in answers):
             # A record that settled has an outcome to follow: the reconciler looks at this target now.
             self.r.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
         return answers

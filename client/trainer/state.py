@@ -13,6 +13,7 @@ from typing import Any
 
 from ..wire.actions import CATALOGUE
 from ..wire.protocol import Ack, Command, dumps
+from ..wire.records import ActionStatus
 
 STATE_VERSION = 1
 MAX_COMMANDS = 1000
@@ -53,7 +54,7 @@ class AppliedState:
         with self._lock:
             if (record_id, index) in self._undone:
                 return False
-            return any(a.index == index and a.status == "applied" for a in self._acks.get(record_id, ()))
+            return any(a.index == index and a.status == ActionStatus.APPLIED for a in self._acks.get(record_id, ()))
 
     def mark_applied(self, record_id: str, index: int, action: str, result: dict[str, Any], by: str) -> None:
         """Remember an action applied again from the ledger, so a later resume does not repeat it."""
@@ -101,9 +102,10 @@ class AppliedState:
         acks, fences, undone = _parse(state)
         with self._lock:
             # The restored optimizer holds exactly what the checkpoint had applied (less what it had undone).
-            held = {(rid, a.index) for rid, items in acks.items() for a in items if a.status == "applied"} - undone
+            held = {(rid, a.index) for rid, items in acks.items() for a in items
+                    if a.status == ActionStatus.APPLIED} - undone
             now_undone = {(rid, a.index) for rid, items in {**acks, **self._acks}.items() for a in items
-                          if a.status == "applied" and _sticky(a.action) and (rid, a.index) not in held}
+                          if a.status == ActionStatus.APPLIED and _sticky(a.action) and (rid, a.index) not in held}
             merged: OrderedDict[str, list[Ack]] = OrderedDict(acks)
             for rid, items in self._acks.items():  # newer acks win, and keep their newer place
                 merged[rid] = items

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cache, cached_property
 from hashlib import sha1
 from importlib import resources
@@ -15,18 +16,117 @@ from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
 from . import keys
-from .protocol import ACK_STATUSES, Ack, dumps, fence, rfc3339
+from .protocol import Ack, dumps, fence, rfc3339
 from .redis import GuardedScript, is_cluster
 
-RECORD_STATUSES = ("pending_approval", "dispatched", "applied", "partially_applied", "failed", "lost",
-                   "skipped", "dry_run", "expired")
-ACTION_STATUSES = ("pending", "delivered", *ACK_STATUSES, "lost")
-OPEN_ACTION = ("pending", "delivered")
-# Statuses after which a record changes no more (its outcome still may).
-FINAL_RECORD = ("applied", "partially_applied", "failed", "lost", "skipped", "dry_run", "expired")
-OUTCOMES = ("pending", "effective", "ineffective", "unknown")
-MODES = ("firing", "resolved", "timeout", "manual")
-REQUESTERS = ("webhook", "operator", "reconciler", "detector", "resync")
+
+# Statuses, outcomes and reasons are StrEnums: a member equals its string, so what Redis and JSON hold is the
+# plain value, and code compares with members instead of string literals. The Lua scripts write the same values.
+
+class RecordStatus(StrEnum):
+    """A record's status (README: HTTP API, a record)."""
+
+    PENDING_APPROVAL = "pending_approval"
+    DISPATCHED = "dispatched"
+    APPLIED = "applied"
+    PARTIALLY_APPLIED = "partially_applied"
+    FAILED = "failed"
+    LOST = "lost"
+    SKIPPED = "skipped"
+    DRY_RUN = "dry_run"
+    EXPIRED = "expired"
+
+    @property
+    def final(self) -> bool:
+        """Whether a record in this status changes no more (its outcome still may)."""
+        return self not in (RecordStatus.PENDING_APPROVAL, RecordStatus.DISPATCHED)
+
+
+class ActionStatus(StrEnum):
+    """An action's status within its record: open (pending, delivered), an ack's status, or lost."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    APPLIED = "applied"
+    FAILED = "failed"
+    UNSUPPORTED = "unsupported"
+    EXPIRED = "expired"
+    SKIPPED = "skipped"
+    LOST = "lost"
+
+    @property
+    def open(self) -> bool:
+        """Whether the action still waits for its applier."""
+        return self in (ActionStatus.PENDING, ActionStatus.DELIVERED)
+
+
+class Outcome(StrEnum):
+    """Whether a record's remediation worked: decided when its alert resolves or its verify time passes."""
+
+    PENDING = "pending"
+    EFFECTIVE = "effective"
+    INEFFECTIVE = "ineffective"
+    UNKNOWN = "unknown"
+
+
+class Reason(StrEnum):
+    """Why a record was skipped or expired, or what it says while dispatched (no_live_target)."""
+
+    COOLDOWN = "cooldown"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    NO_ACTIONS = "no_actions"
+    NO_TARGET = "no_target"
+    BAD_LABEL = "bad_label"
+    REJECTED = "rejected"
+    TAMPERED = "tampered"
+    BREAKER_OPEN = "breaker_open"
+    NO_LIVE_TARGET = "no_live_target"
+    APPROVAL_EXPIRED = "approval_expired"
+    RESOLVED_BEFORE_APPROVAL = "resolved_before_approval"
+    RESOLVED_NOT_NOTIFIED = "resolved_not_notified"
+
+
+class ActionReason(StrEnum):
+    """Why an action ended as it did, where the service or a script decided it (an applier may give its own,
+    such as no_cuda)."""
+
+    UNSUPPORTED = "unsupported"
+    TARGET_CANNOT = "target_cannot"
+    CONDITION_FALSE = "condition_false"
+    CONDITION_UNKNOWN = "condition_unknown"
+    EXPIRED = "expired"
+    LOST = "lost"
+    TAMPERED = "tampered"
+    REJECTED = "rejected"
+    APPROVAL_EXPIRED = "approval_expired"
+    RESOLVED_BEFORE_APPROVAL = "resolved_before_approval"
+
+
+class Mode(StrEnum):
+    """What a record answers: a firing alert, a resolve (on_resolved; timeout when none came), a person, or a
+    stage of an escalation ladder."""
+
+    FIRING = "firing"
+    RESOLVED = "resolved"
+    TIMEOUT = "timeout"
+    MANUAL = "manual"
+    STAGE = "stage"
+
+
+class Requester(StrEnum):
+    """Who asked for a record (a person acting with their own token is operator:NAME)."""
+
+    WEBHOOK = "webhook"
+    OPERATOR = "operator"
+    RECONCILER = "reconciler"
+    DETECTOR = "detector"
+    RESYNC = "resync"
+
+
+def values(enum: type[StrEnum]) -> list[str]:
+    """An enum's values, in order (the OpenAPI schema's enums)."""
+    return [m.value for m in enum]
+
 
 # Annotations are free text of any size: a record keeps up to this much of them (labels are kept whole).
 ANNOTATION_VALUE_MAX = 1024
@@ -218,7 +318,7 @@ class NewRecord:
     episode_ttl: float = 2 * 86400.0
     obligation_due: float = 12 * 3600.0
     mailbox_maxlen: int = 100
-    requested_by: str = "webhook"
+    requested_by: str = Requester.WEBHOOK
     # The reconciler follows the record after it is decided (outcome, ladder, silence, notifications).
     follow: bool = False
     # Set for records that answer for their alert (firing and stages): they get an outcome.
@@ -263,9 +363,9 @@ class NewRecord:
         # jemalloc's 768-byte class instead of 1,024.
         if self.episode_start != alert_second(str(self.alert.get("starts_at") or "")):
             fields["start"] = self.episode_start
-        if self.mode != "firing":
+        if self.mode != Mode.FIRING:
             fields["mode"] = self.mode
-        if self.requested_by != "webhook":
+        if self.requested_by != Requester.WEBHOOK:
             fields["requested_by"] = self.requested_by
         if self.approval:
             # A string, so that the hash holds exactly what the seal covered.
@@ -321,7 +421,7 @@ def seal_text(record_id: str, h: Mapping[str, Any]) -> bytes:
     n = int(h.get("n") or 0)
     values = [record_id, *(None if h.get(k) is None else str(h[k]) for k in SEALED),
               *(h.get(f"a:{i}:spec") for i in range(n))]
-    if values[2] == "firing":  # derived() puts back a firing record's mode, which DECIDE does not store
+    if values[2] == Mode.FIRING:  # derived() puts back a firing record's mode, which DECIDE does not store
         values[2] = None
     return dumps(values).encode()
 
@@ -509,7 +609,7 @@ def actions_of(h: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's actions, as the contract shows them."""
     out = []
     # A record DECIDE skipped does not store its actions' statuses: each is skipped too.
-    usual = "skipped" if h.get("status") == "skipped" else "pending"
+    usual = ActionStatus.SKIPPED if h.get("status") == RecordStatus.SKIPPED else ActionStatus.PENDING
     for i in range(int(h.get("n") or 0)):
         spec = json.loads(h[f"a:{i}:spec"])
         a: dict[str, Any] = {
@@ -531,8 +631,8 @@ def derived(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
     is keys.target_of_record) or because they hold the usual value (mode, requested_by)."""
     if h:
         h.setdefault("id", record_id)
-        h.setdefault("mode", "firing")
-        h.setdefault("requested_by", "webhook")
+        h.setdefault("mode", Mode.FIRING)
+        h.setdefault("requested_by", Requester.WEBHOOK)
         if "created_at" not in h:
             h["created_at"] = rfc3339(int(h.get("created_ms") or 0) / 1000)
     return h
@@ -545,7 +645,7 @@ def fence_of(h: Mapping[str, Any], alert: Mapping[str, Any] | None = None) -> st
         return str(h["fence"])
     alert = alert_of(h) if alert is None else alert
     return fence(alert.get("fingerprint", ""), start_of(h, alert), h.get("playbook", ""), int(h.get("stage") or 0),
-                 h.get("mode") or "firing")
+                 h.get("mode") or Mode.FIRING)
 
 
 def start_of(h: Mapping[str, Any], alert: Mapping[str, Any] | None = None) -> str:
@@ -578,11 +678,11 @@ def from_hash(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
     }
     if h.get("detail"):
         rec["detail"] = h["detail"]
-    if h.get("mode") in ("resolved", "timeout"):
+    if h.get("mode") in (Mode.RESOLVED, Mode.TIMEOUT):
         rec["on_resolved"] = True
-    if h.get("approve_by") and h["status"] == "pending_approval":
+    if h.get("approve_by") and h["status"] == RecordStatus.PENDING_APPROVAL:
         rec["approval_expires_at"] = rfc3339(int(h["approve_by"]) / 1000)
-    if h.get("expires_ms") and h["status"] == "dispatched":
+    if h.get("expires_ms") and h["status"] == RecordStatus.DISPATCHED:
         rec["expires_at"] = rfc3339(int(h["expires_ms"]) / 1000)
     return rec
 
@@ -646,9 +746,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "properties": {
             "action": {"type": "string", "example": "scale_lr"},
             "params": _OBJ,
-            "status": {"type": "string", "enum": list(ACTION_STATUSES)},
-            "reason": _nullable({**_STR, "description": "unsupported, target_cannot, condition_false, "
-                                                        "condition_unknown, no_cuda, dry_run, expired, lost, ..."}),
+            "status": {"type": "string", "enum": values(ActionStatus)},
+            "reason": _nullable({**_STR, "description": f"{', '.join(ActionReason)}, or the applier's own "
+                                                        "(no_cuda, ...)"}),
             "result": _nullable({**_OBJ, "description": 'What the applier reported, e.g. {"old_lr": [..], '
                                                         '"new_lr": [..], "step": 1234}'}),
             "acked_at": _nullable(_TIME),
@@ -668,10 +768,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
             "id": {"type": "string", "pattern": keys.RECORD_ID_RE.pattern.replace("\\Z", "$")},
             "created_at": _TIME,
             "playbook": _STR,
-            "status": {"type": "string", "enum": list(RECORD_STATUSES)},
-            "reason": _nullable({**_STR, "description": "Why it was skipped or expired: cooldown, budget_exhausted, "
-                                                        "no_target, bad_label, rejected, tampered, "
-                                                        "resolved_not_notified, no_live_target, ..."}),
+            "status": {"type": "string", "enum": values(RecordStatus)},
+            "reason": _nullable({**_STR, "description": f"Why it was skipped or expired: {', '.join(Reason)}, ..."}),
             "detail": _STR,
             "on_resolved": {"type": "boolean", "description": "true for the on_resolved actions of a resolved alert"},
             "approval_expires_at": _TIME,
@@ -681,7 +779,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             "actions": {"type": "array", "items": {"$ref": "#/components/schemas/RecordAction"}},
             # A person acting with their own operator token is recorded as operator:NAME.
             "requested_by": _nullable({"type": "string",
-                                       "pattern": f"^({'|'.join(REQUESTERS)}|operator:[A-Za-z0-9_.@-]{{1,64}})$"}),
+                                       "pattern": f"^({'|'.join(Requester)}|operator:[A-Za-z0-9_.@-]{{1,64}})$"}),
             "approved_by": _nullable(_STR),
             "approved_at": _nullable(_TIME),
             "rejected_by": _nullable(_STR),
@@ -689,7 +787,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             "approval_comment": _nullable(_STR),
             "outcome": _nullable({
                 "type": "object", "required": ["status"],
-                "properties": {"status": {"type": "string", "enum": list(OUTCOMES)},
+                "properties": {"status": {"type": "string", "enum": values(Outcome)},
                                "resolved_at": _nullable(_TIME),
                                "time_to_resolve_s": _nullable({"type": "number"})}}),
             "escalation": {"type": "object", "required": ["stage", "parent", "next"],

@@ -11,6 +11,7 @@ from typing import Any
 
 from trainmedic.client.settings import Settings
 from trainmedic.client.wire.actions import CATALOGUE, ParamError
+from trainmedic.client.wire.records import RecordStatus
 from trainmedic.client.wire.keys import TARGET_NAME_RE
 
 from .common import CliError, UsageError, api, call, need, operator_token
@@ -19,7 +20,7 @@ _INT = re.compile(r"^[+-]?[0-9]+\Z")
 _FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
 _WORDS = {"true": True, "false": False, "null": None}
 # Statuses after which a record changes no more (pending_approval and dispatched still may).
-FINAL = ("applied", "partially_applied", "failed", "lost", "skipped", "dry_run", "expired")
+FINAL = tuple(s for s in RecordStatus if s.final)
 
 
 def add(sub: Any) -> None:
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         time.sleep(0.1)
         rec = call(http.get, f"/remediations/{rec['id']}")
     print(json.dumps(rec, indent=2))
-    if rec["status"] == "applied":
+    if rec["status"] == RecordStatus.APPLIED:
         return 0
     raise CliError(_why_not(rec, args, http, settings))
 

@@ -31,7 +31,7 @@ LIVE_CACHE = 1.0
 # A claim nobody released lapses this long after the remediation could last have been open.
 LEASE_MARGIN = 600.0
 # What DECIDE answers for a pair that holds its claim.
-HOLDS = ("dispatched", "pending_approval")
+HOLDS = (records.RecordStatus.DISPATCHED, records.RecordStatus.PENDING_APPROVAL)
 
 
 def lease_of(pb: Playbook) -> float:

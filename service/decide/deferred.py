@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from trainmedic.client.wire import keys, records
+from trainmedic.client.wire.records import ActionReason, ActionStatus, Reason
 
 from ..prometheus import Prometheus, PrometheusError
 from ..rules import conditions
@@ -41,20 +42,22 @@ class Conditions:
         return {"job": target.name if target.kind == "job" else None, "node": node,
                 "gpu": str(gpu) if gpu is not None else None}
 
-    def evaluate(self, expr: str, values: dict[str, str | None]) -> tuple[str | None, str]:
+    def evaluate(self, expr: str, values: dict[str, str | None]) -> tuple[ActionReason | None, str]:
         """(None when the step runs, else its skip reason) and a sentence for the record."""
         if self.prometheus is None:
-            return "condition_unknown", "The condition was not evaluated: TRAINMEDIC_PROMETHEUS_URL is not set."
+            return (ActionReason.CONDITION_UNKNOWN,
+                    "The condition was not evaluated: TRAINMEDIC_PROMETHEUS_URL is not set.")
         try:
             query = conditions.fill(expr, values)
         except conditions.MissingVariable as exc:
-            return "condition_unknown", f"The condition was not evaluated: ${exc} has no value for this target."
+            return (ActionReason.CONDITION_UNKNOWN,
+                    f"The condition was not evaluated: ${exc} has no value for this target.")
         try:
             result = self.prometheus.query(query)
         except PrometheusError as exc:
-            return "condition_unknown", f"The condition was not evaluated: {exc}."
+            return ActionReason.CONDITION_UNKNOWN, f"The condition was not evaluated: {exc}."
         if not result:
-            return "condition_false", f"The condition returned nothing, so the step did not run: {query}"
+            return ActionReason.CONDITION_FALSE, f"The condition returned nothing, so the step did not run: {query}"
         return None, f"The condition held: {query}"
 
     def run(self, target: keys.Target, h: dict[str, str], now: float, pb: Playbook | None = None) -> str | None:
@@ -66,10 +69,10 @@ class Conditions:
         if not records.intact(h["id"], h, self.dispatcher.signer):
             # Its hash no longer holds what was decided: nothing of it is sent.
             self.dispatcher.refuse_tampered(h["id"], "sending its steps after their conditions")
-            early = [(i, "skipped", "tampered", TAMPERED) for i in range(int(h.get("n") or 0))
-                     if h.get(f"a:{i}:status") == "pending"]
+            early = [(i, ActionStatus.SKIPPED, ActionReason.TAMPERED, TAMPERED)
+                     for i in range(int(h.get("n") or 0)) if h.get(f"a:{i}:status") == ActionStatus.PENDING]
             return records.deferred(self.dispatcher.scripts, h["id"], now, "", "", tuple(early),
-                                    self.dispatcher.settings.mailbox_maxlen, "tampered")
+                                    self.dispatcher.settings.mailbox_maxlen, Reason.TAMPERED)
         ckpt = pending_step(h)
         if ckpt is not None:
             done = self.checkpoints.wait(h, ckpt, pb, now)
@@ -82,12 +85,12 @@ class Conditions:
         context = records.loads_or(h.get("context"), {})
         values = self.values(target, context)
         for i, st in enumerate(steps):
-            if h.get(f"a:{i}:status") != "pending" or i in results:
+            if h.get(f"a:{i}:status") != ActionStatus.PENDING or i in results:
                 continue
             if st.when:
                 reason, why = self.evaluate(st.when, values)
                 if reason is not None:
-                    early.append((i, "skipped", reason, why))
+                    early.append((i, ActionStatus.SKIPPED, reason, why))
                     continue
             send.append((i, st))
         text = signature = ""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from trainmedic.client.wire import keys, protocol, records
 from trainmedic.client.wire.actions import BY_SERVICE
 from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
-from trainmedic.client.wire.records import Step
+from trainmedic.client.wire.records import ActionReason, ActionStatus, Mode, Reason, RecordStatus, Step
 from trainmedic.client.wire.redis import is_cluster, run_scripts
 from trainmedic.client.wire.signing import Signer
 
@@ -112,8 +112,8 @@ def plan_send(target: keys.Target, steps: Sequence[Step],
         elif reach is not None and reach.live and reach.actions is not None and st.action not in reach.actions:
             why = (f"The live process of {target.label} cannot apply {st.action}: its heartbeat does not list it"
                    f"{' (register a handler for it)' if target.kind == 'job' else ''}.")
-            early.append((i, "skipped", "unsupported", why) if st.optional else
-                         (i, "unsupported", "target_cannot", why))
+            early.append((i, ActionStatus.SKIPPED, ActionReason.UNSUPPORTED, why) if st.optional else
+                         (i, ActionStatus.UNSUPPORTED, ActionReason.TARGET_CANNOT, why))
         else:
             send.append((i, st))
     return tuple(early), send, any(st.when or st.action in BY_SERVICE for _, st in send)
@@ -167,7 +167,7 @@ class Dispatcher:
         for i, claim in claims.items():
             if claim != "ok":
                 d = decisions[i]
-                decisions[i] = replace(d, resolution=replace(d.resolution, reason="breaker_open", detail=(
+                decisions[i] = replace(d, resolution=replace(d.resolution, reason=Reason.BREAKER_OPEN, detail=(
                     f"Playbook {d.playbook.name} has as many targets with an open remediation as its max_active "
                     "allows, so this one was not dispatched.")))
         # DECIDE reads each target's heartbeat itself; a pair whose command does not fit it comes back
@@ -186,7 +186,7 @@ class Dispatcher:
             self.breaker.release([(decisions[i].playbook, rids[i]) for i, c in claims.items()
                                   if c == "ok" and str(answers[i][0]) not in HOLDS], now)
             for i, c in claims.items():
-                if c == "opened" and str(answers[i][0]) == "skipped":
+                if c == "opened" and str(answers[i][0]) == RecordStatus.SKIPPED:
                     self.breaker.opened(rids[i], decisions[i].playbook.name, now)
         return self._finish(news, answers)
 
@@ -280,7 +280,7 @@ class Dispatcher:
             if first >= 0:
                 due[n.target.label] = min(due.get(n.target.label, first), first)
         held = {o.record_id: n.now + n.approval_timeout for o, n in zip(outcomes, news)
-                if o.status == "pending_approval"}
+                if o.status == RecordStatus.PENDING_APPROVAL}
         # A duplicate journals its record again (idempotent): that heals a listing lost to a crash in between.
         heal = [o.record_id for o in outcomes if o.record_id and not o.new]
         if not (due or held or heal):
@@ -326,7 +326,7 @@ class Dispatcher:
         early: records.Early = ()
         send: list[tuple[int, Step]] = []
         defer = False
-        if verb == "approve" and h.get("status") == "pending_approval" and not records.intact(record_id, h,
+        if verb == "approve" and h.get("status") == RecordStatus.PENDING_APPROVAL and not records.intact(record_id, h,
                                                                                                self.signer):
             verb = "tamper"
         if verb == "approve":
@@ -339,15 +339,15 @@ class Dispatcher:
         answer = run_scripts(self.r, [records.approve_call(
             self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,
             signature=signature, expires_at=now + expire_after, playbook=h.get("playbook", ""),
-            fingerprint=alert.get("fingerprint", ""), firing=h.get("mode") in ("firing", "stage"), undo=undo,
+            fingerprint=alert.get("fingerprint", ""), firing=h.get("mode") in (Mode.FIRING, Mode.STAGE), undo=undo,
             obligation_due=obligation_due, episode_ttl=self.settings.episode_ttl,
             maxlen=self.settings.mailbox_maxlen, early=early, defer=defer)])[0]
         answer = [str(x) for x in answer]
-        if answer[0] == "tampered":
+        if answer[0] == Reason.TAMPERED:
             self.refuse_tampered(record_id, "its approval")
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
-        if answer[0] == "dispatched" or h.get("follow") == "1":
+        if answer[0] == RecordStatus.DISPATCHED or h.get("follow") == "1":
             first = now if h.get("follow") == "1" else min(now + expire_after, now + obligation_due)
             pipe.zadd(keys.DUE, {target.label: int(first * 1000)}, lt=True)
             pipe.sadd(keys.MAILBOXES, target.label)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import parse_rfc3339, rfc3339
+from trainmedic.client.wire.records import ActionStatus, Mode, Outcome, Reason, RecordStatus, Requester
 
 from .. import outcomes
 from ..http import HttpError
@@ -35,7 +36,7 @@ INEFFECTIVE_AFTER = 300.0
 # A silenced alert sends nothing, not even its resolve: its ladder asks Alertmanager this often.
 SILENCED_POLL = 15.0
 # Applied nothing: such a stage ends its ladder unresolved (a rejection is a person's choice, not a failure).
-APPLIED_NOTHING = ("failed", "lost", "expired", "skipped")
+APPLIED_NOTHING = (RecordStatus.FAILED, RecordStatus.LOST, RecordStatus.EXPIRED, RecordStatus.SKIPPED)
 # A silence claimed by a reconciler that stopped before saying how it went is given up after this long.
 SILENCE_CLAIM_TIMEOUT = 60.0
 
@@ -90,7 +91,7 @@ class FollowUp:
     def run(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
         """Do what is due for the record, then set when it is next due (or stop following it)."""
         h = records.stored(self.r, rid)
-        if h.get("conds") == "1" and h.get("status") == "dispatched":
+        if h.get("conds") == "1" and h.get("status") == RecordStatus.DISPATCHED:
             ran = self.conditions.run(target, h, now, self.playbooks.get(h.get("playbook", "")))
             h = records.stored(self.r, rid) if ran else h
         pb = self.playbooks.get(h.get("playbook", "")) if h else None
@@ -98,22 +99,23 @@ class FollowUp:
             self._stop(target, rid)
             return
         status = h["status"]
-        if h.get("breaker_opened") and h.get("reason") == "breaker_open":
+        if h.get("breaker_opened") and h.get("reason") == Reason.BREAKER_OPEN:
             # The refusal that opened its playbook's breaker: one notification, nothing else to follow.
             self._notify(h, pb, ["breaker_open"])
             self._stop(target, rid)
             return
-        if status == "skipped" and h.get("reason") == "no_actions":
+        if status == RecordStatus.SKIPPED and h.get("reason") == Reason.NO_ACTIONS:
             # A playbook with nothing to run (TrainingHang's): one notification, nothing else to follow.
             self._notify(h, pb, ["no_actions"])
             self._stop(target, rid)
             return
-        if status == "pending_approval":
+        if status == RecordStatus.PENDING_APPROVAL:
             self._notify(h, pb, ["held"])
             return  # RECONCILE keeps it due at its approval deadline
-        if self._silence_wanted(h, pb) and status in ("dispatched", "applied", "partially_applied"):
+        if self._silence_wanted(h, pb) and status in (RecordStatus.DISPATCHED, RecordStatus.APPLIED,
+                                                                RecordStatus.PARTIALLY_APPLIED):
             h["silence_id"] = self._make_silence(h, pb, now) or ""
-        if status == "dispatched":
+        if status == RecordStatus.DISPATCHED:
             return  # RECONCILE keeps it due at its expiry
         work = _Pass(self, target, h, pb, now, view)
         due = work.run()
@@ -216,12 +218,13 @@ class FollowUp:
         for rec in (first, h) if h["id"] != first["id"] else (first,):
             if not records.intact(rec["id"], rec, self.dispatcher.signer):
                 self.dispatcher.refuse_tampered(rec["id"], f"escalation stage {stage}")
-                return "tampered"
+                return Reason.TAMPERED
         was = records.alert_of(first)
         alert = alert_of_record(was, "firing", was.get("fingerprint", ""))
         context = records.loads_or(first.get("context"), {})
         extra = (("silence_id", first["silence_id"]),) if first.get("silence_id") else ()
-        d = Decision(pb, "stage", alert, Resolution(target, context), requested_by="reconciler", stage=stage)
+        d = Decision(pb, Mode.STAGE, alert, Resolution(target, context), requested_by=Requester.RECONCILER,
+                     stage=stage)
         o = self.dispatcher.decide_one(d, now, prev=h["id"], parent=first["id"], extra=extra)
         log.info("escalation stage %d of %s: %s", stage, first["id"], o.status,
                  extra={"remediation_id": o.record_id, "playbook": pb.name, "target": target.label})
@@ -286,7 +289,7 @@ class _Pass:
         (a dry run): what time to resolve and a stage's `after` count from."""
         h = self.h
         times = [parse_rfc3339(h.get(f"a:{i}:acked_at")) for i in range(int(h.get("n") or 0))
-                 if h.get(f"a:{i}:status") == "applied"]
+                 if h.get(f"a:{i}:status") == ActionStatus.APPLIED]
         known = [t for t in times if t is not None]
         return max(known) if known else int(h.get("settled_ms") or h.get("created_ms") or 0) / 1000
 
@@ -304,7 +307,7 @@ class _Pass:
 
     def run(self) -> float | None:
         status = self.h["status"]
-        if status in ("failed", "lost"):
+        if status in (RecordStatus.FAILED, RecordStatus.LOST):
             self.events.append(status)
         res = self.resolved()
         outcome = records.loads_or(self.h.get("outcome"))
@@ -326,25 +329,25 @@ class _Pass:
     def outcome(self, current: str, res: Resolved | None) -> tuple[str, Resolved | None]:
         """Decide a pending outcome when it can be; count the others once. Returns the outcome now."""
         h, f, now = self.h, self.f, self.now
-        if current != "pending":
+        if current != Outcome.PENDING:
             f.count(h, self.pb, current, now)
             return current, res
-        f.count(h, self.pb, "pending", now)
+        f.count(h, self.pb, Outcome.PENDING, now)
         applied = self.applied_at()
         deadline = applied + int(h.get("verify_ms") or 0) / 1000
         polling = self.silenced()
         if res is None and (now >= deadline or polling):
             res = self.gone()
         if res is not None:
-            f.verdict(h, self.pb, "effective", now, res.at, max(0.0, res.ms / 1000 - applied))
-            return "effective", res
+            f.verdict(h, self.pb, Outcome.EFFECTIVE, now, res.at, max(0.0, res.ms / 1000 - applied))
+            return Outcome.EFFECTIVE, res
         if now >= deadline and (self.active() is True or now >= deadline + INEFFECTIVE_AFTER):
-            f.verdict(h, self.pb, "ineffective", now)
+            f.verdict(h, self.pb, Outcome.INEFFECTIVE, now)
             self.events.append("ineffective")
-            return "ineffective", res
+            return Outcome.INEFFECTIVE, res
         later = deadline if now < deadline else deadline + INEFFECTIVE_AFTER
         self.due.append(min(later, now + SILENCED_POLL) if polling else later)
-        return "pending", res
+        return Outcome.PENDING, res
 
     def ladder(self, status: str, outcome: str | None, res: Resolved | None) -> None:
         """The last record of a ladder: end it, or make its next stage when that is due."""
@@ -353,7 +356,8 @@ class _Pass:
             f.end_ladder(self.first, pb, "resolved", self.events)
         elif status in APPLIED_NOTHING:
             reason = self.h.get("reason") or ""
-            how = {"rejected": "rejected", "resolved_before_approval": "resolved"}.get(reason, "unresolved")
+            ends: dict[str, str] = {Reason.REJECTED: "rejected", Reason.RESOLVED_BEFORE_APPROVAL: "resolved"}
+            how = ends.get(reason, "unresolved")
             f.end_ladder(self.first, pb, how, self.events)
         elif self.stage < len(pb.escalate):
             base = self.applied_at()
@@ -369,9 +373,9 @@ class _Pass:
                 if made == "closed":
                     # The episode is over: resolved, or replaced by a later one of the same alert.
                     f.end_ladder(self.first, pb, "resolved" if self.resolved() else "superseded", self.events)
-                elif made == "tampered":
+                elif made == Reason.TAMPERED:
                     f.end_ladder(self.first, pb, "tampered", self.events)
-        elif status == "dry_run":
+        elif status == RecordStatus.DRY_RUN:
             f.end_ladder(self.first, pb, "dry_run", self.events)
-        elif outcome in ("ineffective", "unknown"):
+        elif outcome in (Outcome.INEFFECTIVE, Outcome.UNKNOWN):
             f.end_ladder(self.first, pb, "unresolved", self.events)

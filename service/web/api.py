@@ -118,7 +118,7 @@ def _decide_held(rid: str, verb: str, by: str) -> Any:
         raise NotFound(f"no remediation with id {rid!r}")
     if answer[0] == "not_pending":
         raise Conflict(f"remediation {rid} is {answer[1]}, not pending approval")
-    if answer[0] == "expired":
+    if answer[0] == records.RecordStatus.EXPIRED:
         raise Conflict(f"the approval time of remediation {rid} has passed; it is now expired")
     return jsonify(records.get(x.redis, rid))
 

@@ -8,6 +8,7 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from trainmedic.client.wire.protocol import parse_rfc3339
+from trainmedic.client.wire.records import ActionStatus
 
 LR_ACTIONS = ("scale_lr", "set_lr")
 DOT_R = 7
@@ -175,7 +176,8 @@ def lr_changes(records: Iterable[dict]) -> list[LrChange]:
     for rec in records:
         for a in rec.get("actions", ()):
             result = a.get("result")
-            if a.get("action") not in LR_ACTIONS or a.get("status") != "applied" or not isinstance(result, dict):
+            if (a.get("action") not in LR_ACTIONS or a.get("status") != ActionStatus.APPLIED
+                    or not isinstance(result, dict)):
                 continue
             before, after = floats(result.get("old_lr")), floats(result.get("new_lr"))
             at = parse_time(a.get("acked_at")) or parse_time(rec.get("created_at"))

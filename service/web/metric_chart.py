@@ -10,6 +10,7 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from trainmedic.client.wire import keys
+from trainmedic.client.wire.records import ActionStatus
 
 from ..prometheus import Prometheus, PrometheusError, Series, decode, encode, expr_of, split_comparison
 from .charts import Frame, Tick, floats, lr_changes, parse_time, time_ticks, x_of
@@ -98,7 +99,7 @@ def _events(records: Iterable[dict[str, Any]]) -> list[tuple[float, Marker]]:
             out.append((created, Marker(0, "stage", f"stage {stage}", f"escalation stage {stage} decided")))
         for a in rec.get("actions") or ():
             at = parse_time(a.get("acked_at"))
-            if at is not None and a.get("status") == "applied":
+            if at is not None and a.get("status") == ActionStatus.APPLIED:
                 out.append((at, Marker(0, "action", a["action"], f"{a['action']} applied ({rec['playbook']})")))
         resolved = parse_time((rec.get("outcome") or {}).get("resolved_at"))
         if resolved is not None:
@@ -189,7 +190,8 @@ def below(kind: str, records: Sequence[dict[str, Any]], t0: float, t1: float,
         for a in rec.get("actions") or ():
             res = a.get("result")
             at = parse_time(a.get("acked_at"))
-            if a.get("action") not in POWER_ACTIONS or a.get("status") != "applied" or not isinstance(res, dict):
+            if (a.get("action") not in POWER_ACTIONS or a.get("status") != ActionStatus.APPLIED
+                    or not isinstance(res, dict)):
                 continue
             vals = floats([res.get("old_watts"), res.get("new_watts")])
             if at is None or vals is None:

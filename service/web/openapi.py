@@ -10,7 +10,7 @@ from flask import Blueprint, current_app, jsonify
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.actions import CATALOGUE
 from trainmedic.client.wire.durations import POSITIVE as POSITIVE_DURATION
-from trainmedic.client.wire.records import OUTCOMES as OUTCOME_NAMES
+from trainmedic.client.wire.records import Outcome, RecordStatus, values
 from trainmedic.client.wire.records import SCHEMA as RECORD_SCHEMAS
 
 from .. import history
@@ -99,7 +99,7 @@ SCHEMAS: dict[str, Any] = {
             "id": {"type": "string", "pattern": RECORD_ID},
             "playbook": {"type": "string"},
             "fingerprint": {"type": "string"},
-            "status": {"type": "string", "enum": list(history.STATUSES)},
+            "status": {"type": "string", "enum": values(RecordStatus)},
             "reason": {"type": "string", "nullable": True},
         },
     },
@@ -166,8 +166,8 @@ SCHEMAS: dict[str, Any] = {
             "name": {"type": "string"},
             "settings": {"type": "object", "additionalProperties": True,
                          "description": "The playbook as loaded: durations in seconds, a notify URL as its host only."},
-            "outcomes": {"type": "object", "required": list(OUTCOME_NAMES),
-                         "properties": {o: {"type": "integer", "minimum": 0} for o in OUTCOME_NAMES},
+            "outcomes": {"type": "object", "required": values(Outcome),
+                         "properties": {o: {"type": "integer", "minimum": 0} for o in values(Outcome)},
                          "description": "Records per outcome over the last 30 days."},
             "time_to_resolve_s": {
                 "type": "object", "required": ["median", "p90"],
@@ -234,8 +234,10 @@ FILTERS = [
     _query("alertname", {"type": "string", "maxLength": 256}, "Only records of this alert."),
     _query("playbook", {"type": "string", "maxLength": 256}, "Only records of this playbook."),
     _query("target", {"type": "string", "maxLength": 256}, "A target name, or kind:name."),
-    _query("status", {"type": "string", "enum": ["", *history.STATUSES]}, "Only records in this status (empty: any)."),
-    _query("outcome", {"type": "string", "enum": ["", *OUTCOME_NAMES]}, "Only records with this outcome (empty: any)."),
+    _query("status", {"type": "string", "enum": ["", *values(RecordStatus)]},
+           "Only records in this status (empty: any)."),
+    _query("outcome", {"type": "string", "enum": ["", *values(Outcome)]},
+           "Only records with this outcome (empty: any)."),
     _query("before", {"type": "string", "pattern": "^$|" + RECORD_ID}, "The `next` cursor of the previous page."),
 ]
 
