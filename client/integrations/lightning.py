@@ -11,7 +11,7 @@ try:
     from lightning.pytorch.utilities.data import extract_batch_size
 except ImportError:  # the older standalone package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
-    from pytorch_lightning.utilities.data import extract_batch_size  # type: ignore[no-redef]
+    from pytorch_lightning.utilities.data import extract_batch_size
 
 from . import _pl_checkpoints as ckpts
 from ._common import ClientHolder
