@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import Outcome, RecordStatus, from_hash, lua
+from trainmedic.client.wire.records import Outcome, RecordStatus, StoredRecord, lua
 from trainmedic.client.wire.redis import is_cluster
 
 from .errors import BadRequest, NotFound
@@ -494,7 +494,7 @@ def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
             if not h:
                 gone.append(str(rid))  # expired by age: drop it from the listings (the sweep clears its bits)
                 continue
-            rec = from_hash(str(rid), h)
+            rec = StoredRecord.from_hash(str(rid), h).as_dict()
             if q.accepts(rec):
                 items.append(rec)
                 if len(items) == want:

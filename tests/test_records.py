@@ -1,13 +1,25 @@
 """The record's types: its statuses and reasons as StrEnums that the scripts, the API and the schema share."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import time
 from pathlib import Path
 
-from trainmedic.client.wire import records
-from trainmedic.client.wire.protocol import ACK_STATUSES
+import pytest
+
+from trainmedic.client.wire import keys, records
+from trainmedic.client.wire.protocol import ACK_STATUSES, Ack
 from trainmedic.client.wire.records import ActionReason, ActionStatus, Mode, Outcome, Reason, RecordStatus
+from trainmedic.client.wire.redis import run_scripts
+from trainmedic.client.wire.signing import Signer
+from trainmedic.service.decide.dispatch import DispatchSettings, Dispatcher
+from trainmedic.service.decide.plan import plan
+from trainmedic.service.rules.alerts import parse_group
+from trainmedic.service.rules.playbooks import load
+
+from tests.conftest import ROOT, SIGNING_KEY, load_fixture
 
 LUA = Path(__file__).resolve().parents[1] / "client" / "wire" / "lua"
 
@@ -69,3 +81,47 @@ def test_every_status_reason_and_outcome_the_scripts_write_is_a_member() -> None
     assert reasons <= set(Reason), reasons - set(Reason)
     assert action_statuses <= set(ActionStatus) and action_reasons <= set(ActionReason)
     assert outcomes <= set(Outcome)
+
+
+# -- StoredRecord: the hash parsed once ------------------------------------------------------------------
+
+def decide(r, body: dict, **settings):
+    dispatcher = Dispatcher(r, Signer.from_secret(SIGNING_KEY), DispatchSettings(**settings))
+    return dispatcher.execute(plan(parse_group(body), load([ROOT / "playbooks"])))
+
+
+def test_a_stored_record_reads_its_fields_once_and_shows_the_contracts_record(r) -> None:
+    [o] = decide(r, load_fixture("firing_single.json"))
+    rec = records.load(r, o.record_id)
+    assert rec is not None and rec.id == o.record_id
+    # Nothing heartbeats for the job in this test: the record says so while its command waits.
+    assert (rec.status, rec.reason) == ("dispatched", Reason.NO_LIVE_TARGET)
+    assert (rec.mode, rec.requested_by) == ("firing", "webhook")
+    assert rec.playbook == o.playbook and rec.target == keys.target_of_record(o.record_id)
+    assert [s.action for s in rec.steps] == [a["action"] for a in rec.as_dict()["actions"]]
+    assert rec.n == len(rec.steps) >= 1 and (rec.stage, rec.parent, rec.next) == (0, None, None)
+    assert rec.alert["fingerprint"] == load_fixture("firing_single.json")["alerts"][0]["fingerprint"]
+    assert rec.action_status(0) == ActionStatus.PENDING and rec.acked_at(0) is None
+    # as_dict is the API's record, field for field.
+    assert rec.as_dict() == records.get(r, o.record_id)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.status = "applied"  # type: ignore[misc]
+
+
+def test_a_stored_record_says_when_an_action_was_acknowledged(r) -> None:
+    [o] = decide(r, load_fixture("firing_single.json"))
+    before = records.load(r, o.record_id)
+    assert before is not None
+    at = "2026-01-02T03:04:05Z"
+    acks = [Ack(o.record_id, i, st.action, "applied", {}, "host:1", acked_at=at) for i, st in enumerate(before.steps)]
+    run_scripts(r, records.ack_calls(records.Scripts(r), acks, time.time()))
+    after = records.load(r, o.record_id)
+    assert after is not None and after.status == RecordStatus.APPLIED
+    assert [after.acked_at(i) for i in range(after.n)] == [at] * after.n
+    assert all(after.action_status(i) == ActionStatus.APPLIED for i in range(after.n))
+    # The record read before is a snapshot: it does not change under the reader.
+    assert before.status == RecordStatus.DISPATCHED and before.acked_at(0) is None
+
+
+def test_a_gone_record_loads_as_none(r) -> None:
+    assert records.load(r, "01HZZZZZZZZZZZZZZZZZZZZZZZ~job~nothing-here") is None

@@ -1,8 +1,9 @@
 """The remediation record in one place: its statuses, its shape, reading it, and the scripts that write it.
 
 A record is one Redis hash in its target's hash slot. Every writer goes through a Lua script of
-`lua/` (each names its KEYS and ARGV at the top), called through the typed wrappers below; every reader
-goes through `from_hash`. The OpenAPI schema is derived from `SCHEMA`.
+`lua/` (each names its KEYS and ARGV at the top), called through the typed wrappers below; a reader parses
+the hash once into a `StoredRecord` (its `as_dict()` is the contract's record). The OpenAPI schema is derived
+from `SCHEMA`.
 """
 from __future__ import annotations
 
@@ -605,7 +606,7 @@ def loads_or(text: str | None, default: Any = None) -> Any:
     return json.loads(text) if text else default
 
 
-def actions_of(h: dict[str, Any]) -> list[dict[str, Any]]:
+def actions_of(h: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The record's actions, as the contract shows them."""
     out = []
     # A record DECIDE skipped does not store its actions' statuses: each is skipped too.
@@ -661,30 +662,98 @@ def alert_of(h: Mapping[str, Any]) -> dict[str, Any]:
     return shown_alert(h["alert"]) if h.get("alert") else {}
 
 
-def from_hash(record_id: str, h: dict[str, Any]) -> dict[str, Any]:
-    """The contract's record from its Redis hash."""
-    h = derived(record_id, h)
-    rec: dict[str, Any] = {
-        "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
-        "reason": h.get("reason") or None, "alert": alert_of(h),
-        "target": json.loads(h["target"]) if "target" in h else keys.target_of_record(record_id).as_dict(),
-        "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
-        "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
-        "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
-        "approval_comment": h.get("approval_comment") or None, "outcome": loads_or(h.get("outcome")),
-        "escalation": {"stage": int(h.get("stage") or 0), "parent": h.get("parent") or None,
-                       "next": h.get("next") or None},
-        "silence_id": h.get("silence_id") or None, "silence_error": h.get("silence_error") or None,
-    }
-    if h.get("detail"):
-        rec["detail"] = h["detail"]
-    if h.get("mode") in (Mode.RESOLVED, Mode.TIMEOUT):
-        rec["on_resolved"] = True
-    if h.get("approve_by") and h["status"] == RecordStatus.PENDING_APPROVAL:
-        rec["approval_expires_at"] = rfc3339(int(h["approve_by"]) / 1000)
-    if h.get("expires_ms") and h["status"] == RecordStatus.DISPATCHED:
-        rec["expires_at"] = rfc3339(int(h["expires_ms"]) / 1000)
-    return rec
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record as its Redis hash holds it, parsed once: typed fields for the service, and the contract's
+    shape (as_dict). `raw` is the hash itself, with the fields derived from the id put back: a seal check
+    (intact, seal_text) and fence_of read it whole."""
+
+    id: str
+    raw: Mapping[str, Any]
+    status: str
+    reason: str | None
+    playbook: str
+    mode: str
+    requested_by: str
+    n: int
+    stage: int
+    parent: str | None
+    next: str | None
+    follow: bool
+
+    @classmethod
+    def from_hash(cls, record_id: str, h: Mapping[str, Any]) -> StoredRecord:
+        """The record of a non-empty hash (HGETALL's answer) under this id."""
+        raw = derived(record_id, dict(h))
+        return cls(id=record_id, raw=raw, status=raw.get("status", ""), reason=raw.get("reason") or None,
+                   playbook=raw.get("playbook", ""), mode=raw["mode"], requested_by=raw["requested_by"],
+                   n=int(raw.get("n") or 0), stage=int(raw.get("stage") or 0), parent=raw.get("parent") or None,
+                   next=raw.get("next") or None, follow=raw.get("follow") == "1")
+
+    @property
+    def target(self) -> keys.Target:
+        return keys.target_of_record(self.id)
+
+    @cached_property
+    def alert(self) -> dict[str, Any]:
+        """The record's alert, whole (shown_alert); {} if it has none."""
+        return alert_of(self.raw)
+
+    @cached_property
+    def context(self) -> dict[str, Any]:
+        """What the playbook's actions were given besides the alert (its target's labels, a GPU...)."""
+        context: dict[str, Any] = loads_or(self.raw.get("context"), {})
+        return context
+
+    @cached_property
+    def steps(self) -> tuple[Step, ...]:
+        """The record's steps, as DECIDE wrote them."""
+        return tuple(Step(**json.loads(self.raw[f"a:{i}:spec"])) for i in range(self.n))
+
+    @property
+    def outcome(self) -> dict[str, Any] | None:
+        """The record's outcome ({status, resolved_at, time_to_resolve_s}), or None when it has none."""
+        outcome: dict[str, Any] | None = loads_or(self.raw.get("outcome"))
+        return outcome
+
+    @property
+    def expire_after(self) -> float:
+        """How long a command of a held record lives once released (seconds)."""
+        return float(self.raw.get("expire_after") or 3600)
+
+    def action_status(self, i: int) -> str:
+        """Action i's status (a record DECIDE skipped does not store them: each is skipped too)."""
+        usual = ActionStatus.SKIPPED if self.status == RecordStatus.SKIPPED else ActionStatus.PENDING
+        return str(self.raw.get(f"a:{i}:status", usual))
+
+    def acked_at(self, i: int) -> str | None:
+        """When action i was answered (RFC 3339), or None."""
+        at = self.raw.get(f"a:{i}:acked_at")
+        return str(at) if at else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The contract's record."""
+        h = self.raw
+        rec: dict[str, Any] = {
+            "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
+            "reason": self.reason, "alert": self.alert,
+            "target": json.loads(h["target"]) if "target" in h else self.target.as_dict(),
+            "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
+            "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
+            "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
+            "approval_comment": h.get("approval_comment") or None, "outcome": self.outcome,
+            "escalation": {"stage": self.stage, "parent": self.parent, "next": self.next},
+            "silence_id": h.get("silence_id") or None, "silence_error": h.get("silence_error") or None,
+        }
+        if h.get("detail"):
+            rec["detail"] = h["detail"]
+        if self.mode in (Mode.RESOLVED, Mode.TIMEOUT):
+            rec["on_resolved"] = True
+        if h.get("approve_by") and self.status == RecordStatus.PENDING_APPROVAL:
+            rec["approval_expires_at"] = rfc3339(int(h["approve_by"]) / 1000)
+        if h.get("expires_ms") and self.status == RecordStatus.DISPATCHED:
+            rec["expires_at"] = rfc3339(int(h["expires_ms"]) / 1000)
+        return rec
 
 
 def get(r: Any, record_id: str) -> dict[str, Any] | None:
@@ -694,7 +763,13 @@ def get(r: Any, record_id: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     h = r.hgetall(key)
-    return from_hash(record_id, h) if h else None
+    return StoredRecord.from_hash(record_id, h).as_dict() if h else None
+
+
+def load(r: Any, record_id: str) -> StoredRecord | None:
+    """One stored record, parsed, or None when it is gone."""
+    h = r.hgetall(keys.record(record_id))
+    return StoredRecord.from_hash(record_id, h) if h else None
 
 
 # -- the service's own bookkeeping on a record ------------------------------------------------------------

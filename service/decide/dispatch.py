@@ -315,31 +315,30 @@ class Dispatcher:
 
         The release signs only what was decided: a hold whose hash no longer matches its seal (someone wrote to
         it in Redis) is ended `skipped` / `tampered` instead (verb 'tamper' of APPROVE)."""
-        h = records.stored(self.r, record_id)
-        if not h:
+        rec = records.load(self.r, record_id)
+        if rec is None:
             return ["missing"]
-        target = keys.target_of_record(record_id)
-        alert = records.alert_of(h)
+        target, alert = rec.target, rec.alert
         now = time.time()
-        expire_after = float(h.get("expire_after") or 3600)
+        expire_after = rec.expire_after
         text = signature = ""
         early: records.Early = ()
         send: list[tuple[int, Step]] = []
         defer = False
-        if verb == "approve" and h.get("status") == RecordStatus.PENDING_APPROVAL and not records.intact(record_id, h,
-                                                                                               self.signer):
+        if (verb == "approve" and rec.status == RecordStatus.PENDING_APPROVAL
+                and not records.intact(record_id, rec.raw, self.signer)):
             verb = "tamper"
         if verb == "approve":
-            early, send, defer = plan_send(target, steps_of(h), self.reach([target]).get(target))
+            early, send, defer = plan_send(target, rec.steps, self.reach([target]).get(target))
         if send and not defer:
-            cmd = command_for(record_id, target, send, json.loads(h.get("context") or "{}"), now, expire_after,
-                              alert.get("fingerprint", ""), records.fence_of(h, alert), alert.get("starts_at", ""))
+            cmd = command_for(record_id, target, send, rec.context, now, expire_after, alert.get("fingerprint", ""),
+                              records.fence_of(rec.raw, alert), alert.get("starts_at", ""))
             text = cmd.to_json()
             signature = self.signer.sign(text.encode())
         answer = run_scripts(self.r, [records.approve_call(
             self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,
-            signature=signature, expires_at=now + expire_after, playbook=h.get("playbook", ""),
-            fingerprint=alert.get("fingerprint", ""), firing=h.get("mode") in (Mode.FIRING, Mode.STAGE), undo=undo,
+            signature=signature, expires_at=now + expire_after, playbook=rec.playbook,
+            fingerprint=alert.get("fingerprint", ""), firing=rec.mode in (Mode.FIRING, Mode.STAGE), undo=undo,
             obligation_due=obligation_due, episode_ttl=self.settings.episode_ttl,
             maxlen=self.settings.mailbox_maxlen, early=early, defer=defer)])[0]
         answer = [str(x) for x in answer]
@@ -347,8 +346,8 @@ class Dispatcher:
             self.refuse_tampered(record_id, "its approval")
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
-        if answer[0] == RecordStatus.DISPATCHED or h.get("follow") == "1":
-            first = now if h.get("follow") == "1" else min(now + expire_after, now + obligation_due)
+        if answer[0] == RecordStatus.DISPATCHED or rec.follow:
+            first = now if rec.follow else min(now + expire_after, now + obligation_due)
             pipe.zadd(keys.DUE, {target.label: int(first * 1000)}, lt=True)
             pipe.sadd(keys.MAILBOXES, target.label)
         pipe.execute()
