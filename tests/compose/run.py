@@ -247,9 +247,11 @@ def project_dir(tmp: Path) -> tuple[Path, dict[str, str]]:
 
 
 def spike_command(proj: Path) -> list[str]:
-    """The trainer's command with --spike-at: the compose file's own, plus that flag, in an override file."""
+    """The trainer's command with --spike-at: the compose file's own, plus two flags, in an override file."""
     base = yaml.safe_load((proj / "docker-compose.yml").read_text())["services"]["trainer"]["command"]
-    want = [*base, "--spike-at", SPIKE_AT]
+    # --no-detect: the client's own detectors would answer the spike within a few steps, before Prometheus's rule
+    # could fire; this test drives the rule, Alertmanager and the webhook's token.
+    want = [*base, "--no-detect", "--spike-at", SPIKE_AT]
     # The Compose spec replaces a list given in an override; podman-compose 1.0 appends to it instead. Whichever
     # this one does, its dry run shows the command it would start the trainer with.
     for override in (want, want[len(base):]):
