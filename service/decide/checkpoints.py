@@ -20,7 +20,7 @@ from typing import Any
 
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.actions import CATALOGUE
-from trainmedic.client.wire.records import Step
+from trainmedic.client.wire.records import ActionStatus, RecordStatus, Step
 
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
@@ -36,7 +36,7 @@ POLL = 1.0
 # Heartbeats read per round trip while looking for the node's jobs.
 SCAN_BATCH = 500
 # Statuses of a job's record that end the wait for it.
-WAITING = ("dispatched", "pending_approval")
+WAITING = (RecordStatus.DISPATCHED, RecordStatus.PENDING_APPROVAL)
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def pending_step(h: dict[str, str]) -> Step0 | None:
     """The record's checkpoint_jobs step when it is still pending, else None."""
     for i in range(int(h.get("n") or 0)):
         spec = json.loads(h.get(f"a:{i}:spec") or "{}")
-        if spec.get("action") == ACTION and h.get(f"a:{i}:status") == "pending":
+        if spec.get("action") == ACTION and h.get(f"a:{i}:status") == ActionStatus.PENDING:
             return Step0(i, CATALOGUE[ACTION].parse(spec.get("params") or {}).timeout)
     return None
 
@@ -151,7 +151,7 @@ class Checkpoints:
         waited = "timeout" if any(row["status"] in WAITING and not row["gone"] for row in rows) else "acknowledged"
         if any(row["gone"] for row in rows) and waited == "acknowledged":
             waited = "acknowledged_or_gone"
-        saved = [row for row in rows if row["status"] == "applied"]
+        saved = [row for row in rows if row["status"] == RecordStatus.APPLIED]
         for row in rows:
             if not row["gone"]:
                 del row["gone"]

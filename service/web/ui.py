@@ -15,6 +15,7 @@ from markupsafe import Markup, escape
 
 from trainmedic.client.wire import keys
 from trainmedic.client.wire import records as record_store
+from trainmedic.client.wire.records import Outcome, RecordStatus
 
 from .. import history, outcomes
 from ..errors import BadRequest
@@ -91,7 +92,7 @@ def _strip(ext: Any, now: float) -> list[dict]:
     breakers = ext.dispatcher.breaker.state(ext.playbooks, now)
     rows = []
     for name, st in stats.items():
-        shown = {k: st.counts[k] for k in ("effective", "ineffective", "pending")}
+        shown = {k: st.counts[k] for k in (Outcome.EFFECTIVE, Outcome.INEFFECTIVE, Outcome.PENDING)}
         rows.append({"name": name, "counts": shown, "total": sum(shown.values()), "median": st.median,
                      "breaker": breakers.get(name)})
     return rows
@@ -164,7 +165,7 @@ def record(rid: str) -> Any:
         around = metric_chart.around(ext.redis, ext.prometheus, rec, ladder, now)
     # A held record says what approving sends, and which of it the target's live process could not apply now.
     live = None
-    if rec.get("status") == "pending_approval":
+    if rec.get("status") == RecordStatus.PENDING_APPROVAL:
         t = rec.get("target") or {}
         live = next((x for x in live_targets(ext.redis) if x["kind"] == t.get("kind") and x["name"] == t.get("name")),
                     None)
