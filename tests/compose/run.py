@@ -200,11 +200,16 @@ def trainmedic_images(index: Path) -> dict[str, int]:
     sizes = {}
     for svc in ("trainmedic", "trainer"):
         tag, target = compose[svc]["image"], compose[svc]["build"]["target"]
+        found = run(["podman", "image", "inspect", "--format", "{{.Id}}", tag], check=False)
+        before = found.stdout.strip() if found.returncode == 0 else ""
         # No network while building: every package comes from the mounted index, nothing from the internet.
         run(["podman", "build", "--pull=never", "--network=none", "--format=docker", "--target", target,
              "--volume", f"{index}:/wheels:ro", "--build-arg", "PIP_INDEX_URL=file:///wheels/simple/",
              "--build-arg", "TORCH_INDEX=file:///wheels/simple/", "-t", tag, "."], timeout=1800)
         sizes[tag] = int(podman("image", "inspect", "--format", "{{.Size}}", tag))
+        # The image this one replaces would keep its own copy of the virtualenv (a GB with torch) on every run.
+        if before and before != podman("image", "inspect", "--format", "{{.Id}}", tag):
+            podman("rmi", before, check=False)
         say(f"  {tag} (target {target}): {sizes[tag] / 1e6:.0f} MB")
     health = json.loads(podman("image", "inspect", "--format", "{{json .Config.Healthcheck}}",
                                compose["trainmedic"]["image"]))
