@@ -485,19 +485,21 @@ def test_the_example_trainer_needs_no_exporter_its_signals_reach_the_services_me
     with open(tmp_path / "trainer.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "examples" / "train.py"), "--job", job, "--redis-url", redis_url,
-             "--step-time", "0.01", "--steps", "400", "--checkpoint-every", "0", "--spike-at", "120"],
+             "--step-time", "0.01", "--steps", "3000", "--checkpoint-every", "0", "--spike-at", "120"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     stream = keys.detections(keys.Target("job", job))
     try:
         deadline = time.monotonic() + 90
         text = ""
+        names = ("loss", "step", "learning_rate", "grad_norm", "samples_per_second")
         while time.monotonic() < deadline and proc.poll() is None:
+            # The throughput needs two heartbeats (5 s apart): it comes last.
             text = http.get("/metrics").data.decode()
-            if f'trainmedic_training_loss{{job_name="{job}"}}' in text and r.xlen(stream):
+            if all(f'trainmedic_training_{n}{{job_name="{job}"}} ' in text for n in names) and r.xlen(stream):
                 break
             time.sleep(0.2)
         out = (tmp_path / "trainer.log").read_text()
-        for name in ("loss", "step", "learning_rate", "grad_norm", "samples_per_second"):
+        for name in names:
             assert f'trainmedic_training_{name}{{job_name="{job}"}} ' in text, out[-2000:]
         # The client judged the corrupt shard's losses itself, in the loop: no exporter, no Prometheus rule.
         [(_, first)] = r.xrange(stream, count=1)
