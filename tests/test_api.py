@@ -1,12 +1,13 @@
 """Manual triggers, probes and live targets."""
 from __future__ import annotations
 
+import re
 import time
 
 from trainmedic.client.wire import keys
 from trainmedic.client.receiver.mailbox import Mailbox
 
-from tests.conftest import post_json
+from tests.conftest import ROOT, post_json
 
 
 def test_a_manual_trigger_creates_a_record(http, r) -> None:
@@ -48,7 +49,8 @@ def test_a_manual_trigger_without_a_target_label_is_recorded_as_no_target(http, 
 def test_probes(http, r) -> None:
     assert http.get("/healthz").json == {"status": "ok"}
     ready = http.get("/readyz")
-    assert ready.status_code == 200 and ready.json["playbooks"] == 6
+    shipped = len(re.findall(r"^  - name: ", (ROOT / "playbooks" / "default.yaml").read_text(), re.M))
+    assert ready.status_code == 200 and ready.json["playbooks"] == shipped == 8
 
 
 def test_live_targets_are_listed_from_heartbeats(http, r) -> None:

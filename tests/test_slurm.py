@@ -385,15 +385,26 @@ def slurm_agent(slurm: SlurmCluster, redis_url: str, r: Any, tmp_path: Path) -> 
 
 def xid(status: str) -> dict:
     alert = {"status": status, "labels": {"alertname": "GPUXidError", "node": NODE, "gpu_id": "0",
-                                          "severity": "critical"},
+                                          "xid_class": "drain", "severity": "critical"},
              "annotations": {"summary": "GPU 0 reported hardware error XID 79"},
              "startsAt": "2026-11-22T03:00:00.25Z" if status == "firing" else "2026-11-22T03:00:00Z",
              "fingerprint": "000000000000d7a1"}
     return {"version": "4", "status": status, "alerts": [alert]}
 
 
+def wait_ticking(app: Any, r: Any, rid: str) -> dict:
+    """The record once settled, ticking the app's reconciler meanwhile (it carries out checkpoint_jobs)."""
+    from tests.support import jobs
+
+    def settled(rec: dict | None) -> bool:
+        return rec is not None and rec["status"] not in ("dispatched", "pending_approval")
+
+    return jobs.wait_record(r, rid, settled, timeout=30, tick=lambda: (app.extensions["trainmedic"].reconciler.tick(),
+                                                                       time.sleep(0.1)))
+
+
 def test_a_gpu_error_drains_the_node_through_the_service_and_its_resolve_resumes_it(
-        slurm: SlurmCluster, slurm_agent: Any, http: Any, r: Any) -> None:
+        slurm: SlurmCluster, slurm_agent: Any, app: Any, http: Any, r: Any) -> None:
     from tests.conftest import post_json
     from tests.support.nvml import wait_record
 
@@ -401,8 +412,9 @@ def test_a_gpu_error_drains_the_node_through_the_service_and_its_resolve_resumes
     assert held["status"] == "pending_approval"  # the shipped playbook waits for a person
     assert slurm.node_state() == "IDLE"
     assert post_json(http, f"/remediations/{held['id']}/approve", {"comment": "XID 79, drain"}).status_code == 200
-    rec = wait_record(r, held["id"], timeout=30)
-    act = rec["actions"][0]
+    rec = wait_ticking(app, r, held["id"])
+    # The shipped playbook checkpoints the node's jobs first (none run here), then drains.
+    [act] = [a for a in rec["actions"] if a["action"] == "drain_node"]
     assert rec["status"] == "applied", rec
     assert act["result"]["before"]["flags"] == [] and "DRAIN" in act["result"]["after"]["flags"]
     assert slurm.reason() == f"trainmedic {held['id']}: GPU hardware error (XID)"
@@ -419,7 +431,7 @@ def test_a_gpu_error_drains_the_node_through_the_service_and_its_resolve_resumes
     assert slurm.reason() == ""
 
 
-def test_a_node_someone_drained_by_hand_stays_drained(slurm: SlurmCluster, slurm_agent: Any, http: Any,
+def test_a_node_someone_drained_by_hand_stays_drained(slurm: SlurmCluster, slurm_agent: Any, app: Any, http: Any,
                                                       r: Any) -> None:
     from tests.conftest import post_json
     from tests.support.nvml import wait_record
@@ -427,8 +439,8 @@ def test_a_node_someone_drained_by_hand_stays_drained(slurm: SlurmCluster, slurm
     slurm.drain_by_hand("replacing DIMM 4 (ticket OPS-17)")
     [held] = post_json(http, "/webhook", xid("firing")).get_json()["remediations"]
     assert post_json(http, f"/remediations/{held['id']}/approve", {}).status_code == 200
-    rec = wait_record(r, held["id"], timeout=30)
-    assert (rec["status"], rec["actions"][0]["reason"]) == ("skipped", "already_drained")
+    rec = wait_ticking(app, r, held["id"])
+    assert (rec["status"], rec["actions"][-1]["reason"]) == ("skipped", "already_drained")
     [undo] = post_json(http, "/webhook", xid("resolved")).get_json()["remediations"]
     rec = wait_record(r, undo["id"], timeout=30)
     assert (rec["status"], rec["actions"][0]["reason"]) == ("skipped", "not_ours")

@@ -90,8 +90,10 @@ class Duration(Check):
 class Timeout(Duration):
     """A duration longer than zero and at most an hour (how long the service waits on others)."""
 
-    schema = {"oneOf": [{"type": "string", "pattern": PATTERN, "description": SCHEMA_NOTE},
-                        {"type": "number", "exclusiveMinimum": 0, "maximum": 3600}]}
+    # In one unit, so that the pattern admits exactly what the check does: 1 to 3600 s, 1 to 60 m, or 1 h.
+    schema = {"oneOf": [{"type": "string",
+                         "pattern": r"^(?:(?:[1-9]\d{0,2}|[12]\d{3}|3[0-5]\d{2}|3600)s|(?:[1-9]|[1-5]\d|60)m|1h)$"},
+                        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 3600}]}
 
     def __call__(self, name: str, v: Any) -> float:
         seconds = super().__call__(name, v)

@@ -257,6 +257,11 @@ def breaker_open(playbook: str) -> str:
     return f"{PREFIX}{{breaker:{playbook}}}:open"
 
 
+def breaker_targets(playbook: str) -> str:
+    """Hash: how many of the playbook's open claims each target has (lua/breaker.lua counts targets with it)."""
+    return f"{PREFIX}{{breaker:{playbook}}}:targets"
+
+
 def breaker_state(playbook: str) -> str:
     """String: set while the playbook's breaker holds new remediations back (trainmedic_breaker_open)."""
     return f"{PREFIX}{{breaker:{playbook}}}:state"

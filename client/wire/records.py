@@ -599,7 +599,8 @@ def breaker_call(scripts: Scripts, op: str, playbook: str, now: float, member: s
                  lease: float) -> Call:
     """A BREAKER call (see lua/breaker.lua): claim a place under the playbook's max_active, or release one."""
     args = {"op": op, "now": ms(now), "member": member, "limit": limit, "lease_ms": max(1, ms(lease))}
-    return (scripts.breaker, [keys.breaker_open(playbook), keys.breaker_state(playbook)], [dumps(args)])
+    return (scripts.breaker, [keys.breaker_open(playbook), keys.breaker_state(playbook),
+                             keys.breaker_targets(playbook)], [dumps(args)])
 
 
 def loads_or(text: str | None, default: Any = None) -> Any:

@@ -61,12 +61,13 @@ class Breaker:
         return pb.breaker_limit(self.live(pb.target, now) if pb.max_active and pb.max_active[0] == "percent" else 0)
 
     def claim(self, pairs: Sequence[tuple[Playbook, str]], now: float) -> list[str]:
-        """Claim a place for each (playbook, record id): 'ok', 'open' or 'opened' each, in one round trip."""
-        if not pairs:
-            return []
-        calls = [records.breaker_call(self.scripts, "claim", pb.name, now, rid, self.limit(pb, now), lease_of(pb))
-                 for pb, rid in pairs]
-        return [str(a[0]) for a in run_scripts(self.r, calls)]
+        """Claim a place for each (playbook, record id): 'ok', 'open' or 'opened' each, in one round trip. A
+        playbook whose bound is none now (a percent of no live target) claims nothing and is let through."""
+        limits = [self.limit(pb, now) for pb, _ in pairs]
+        calls = [records.breaker_call(self.scripts, "claim", pb.name, now, rid, limit, lease_of(pb))
+                 for (pb, rid), limit in zip(pairs, limits) if limit]
+        answers = iter(run_scripts(self.r, calls))
+        return [str(next(answers)[0]) if limit else "ok" for limit in limits]
 
     def release(self, pairs: Sequence[tuple[Playbook, str]], now: float | None = None) -> None:
         """Give back the places of these (playbook, first record id) pairs; the breaker closes below its bound."""

@@ -216,7 +216,7 @@ class Reconciler:
             pipe.zrange(keys.due_items(target), 0, 0, withscores=True)
         firsts = pipe.execute()
         pipe = self.r.pipeline(transaction=False)
-        for (label, target), first in zip(batch, firsts):
+        for (label, _), first in zip(batch, firsts):
             if first:
                 pipe.zadd(keys.DUE, {label: int(first[0][1])}, xx=True)
             else:

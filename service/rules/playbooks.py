@@ -102,11 +102,14 @@ class Playbook:
 
     def breaker_limit(self, live: int) -> int:
         """How many targets may have an open remediation of this playbook with `live` live targets of its kind
-        (0: no bound)."""
+        (0: no bound). A percent of no live target bounds nothing: no agent or job can apply anything until one
+        heartbeats, and the commands wait in their mailboxes until then (or their expiry)."""
         if self.max_active is None:
             return 0
         form, n = self.max_active
-        return n if form == "count" else max(1, live * n // 100)
+        if form == "count":
+            return n
+        return max(1, live * n // 100) if live else 0
 
 
 class PlaybookError(Exception):

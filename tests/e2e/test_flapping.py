@@ -1,6 +1,7 @@
-"""Flapping through the real Alertmanager (one remediation per firing episode, however often it is sent): the service under gunicorn with its
-reconciler threads, a real node agent on the NVML stand-in, and alerts pushed to Alertmanager as Prometheus
-pushes them. What a firing throttled is restored once, by the final resolve, whatever happened between."""
+"""Flapping through the real Alertmanager (one remediation per firing episode, however often it is sent): the
+service under gunicorn with its reconciler threads, a real node agent on the NVML stand-in, and alerts pushed
+to Alertmanager as Prometheus pushes them. What a firing throttled is restored once, by the final resolve,
+whatever happened between."""
 from __future__ import annotations
 
 import time
