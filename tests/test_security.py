@@ -37,6 +37,7 @@ from trainmedic.service.rules.targets import Resolution
 
 from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, SIGNING_KEY, VERIFY_KEY, load_fixture
 from tests.support import jobs
+from tests.support.browser import StaticPage
 from tests.support.nvml import wait_record
 
 DAY = 86400.0
@@ -480,26 +481,13 @@ def test_a_foreign_origin_a_form_content_type_or_no_body_cannot_approve(held) ->
     assert same.status_code == 200 and status_of(g, rid) == "dispatched"  # its own Origin is fine
 
 
-class _Page(http.server.BaseHTTPRequestHandler):
-    html = b""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.end_headers()
-        self.wfile.write(self.html)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def other_site() -> Iterator[Callable[[str], str]]:
     """A second local server (another port: another origin) serving one page; returns its URL."""
     servers = []
 
     def serve(html: str) -> str:
-        handler = type("Page", (_Page,), {"html": html.encode()})
+        handler = type("Page", (StaticPage,), {"html": html.encode()})
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)

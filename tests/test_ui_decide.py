@@ -4,7 +4,7 @@ service's own script acts as them, and the record says who decided."""
 from __future__ import annotations
 
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
@@ -14,7 +14,7 @@ import redis
 from playwright.sync_api import Browser, Page, expect
 
 from tests.conftest import OPERATOR, post_json
-from tests.support.browser import Server, shot
+from tests.support.browser import Server, StaticPage, shot
 from tests.test_ui import alert
 
 ALICE = "alice-token-" + "0123456789abcdef" * 2
@@ -114,7 +114,7 @@ def test_a_link_from_another_site_lands_on_the_record_still_logged_in(held: tupl
     expect(page.locator("header form.who")).to_contain_text("alice")
     [before] = ctx.cookies()
     # A chat message's link: another site, so the SameSite=Strict cookie is left out of that navigation.
-    chat = HTTPServer(("127.0.0.1", 0), type("Chat", (_Page,), {"html": (
+    chat = HTTPServer(("127.0.0.1", 0), type("Chat", (StaticPage,), {"html": (
         f'<!doctype html><a id="link" href="{url}/records/{first}">the held drain</a>').encode()}))
     threading.Thread(target=chat.serve_forever, daemon=True).start()
     try:
@@ -130,19 +130,6 @@ def test_a_link_from_another_site_lands_on_the_record_still_logged_in(held: tupl
         ctx.close()
         if reads == "closed":
             server.stop()
-
-
-class _Page(BaseHTTPRequestHandler):
-    html = b""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.end_headers()
-        self.wfile.write(self.html)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def test_a_wrong_token_logs_nobody_in_says_why_and_changes_nothing(held: tuple[Server, list[str]],

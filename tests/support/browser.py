@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
@@ -18,6 +19,21 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 class QuietHandler(WSGIRequestHandler):
     def log_request(self, *args: Any, **kwargs: Any) -> None:
         pass  # the auto-refresh asks every second: its access log would bury a failure's output
+
+
+class StaticPage(BaseHTTPRequestHandler):
+    """Serves `html` (set it on a subclass) at every path: another site's page, for cross-site tests."""
+
+    html = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(self.html)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 class Server:
