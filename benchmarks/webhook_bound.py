@@ -1,5 +1,5 @@
 """The webhook's ceiling on this machine: the most req/s any service can reach that does, per alert, the work
-the issue requires, beside the baseline and the goals, in one run.
+its guarantees require (record, sign, dispatch), beside the baseline and the goals, in one run.
 
 Run: .venv/bin/python benchmarks/webhook_bound.py [--seconds 10] [--alerts 2000]
 

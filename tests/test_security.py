@@ -1,4 +1,4 @@
-"""The security issue, proved end to end: forged, altered and replayed commands against the real node agent (as
+"""Security, proved end to end: forged, altered and replayed commands against the real node agent (as
 root, on the NVML stand-in, with a real allow-root) and a real training client; the two tokens; cross-site
 writes in a real Chromium; Host; page headers; NaN at every door. Real processes, a real redis-server."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ DAY = 86400.0
 NODE = "gpu-node-sec"
 JOB = "llama-sec"
 GPU0 = {"gpu_id": "0"}
-# The issue's forged command: everything below the allow-root, however new, keeping nothing.
+# The forged command: everything below the allow-root, however new, keeping nothing.
 WIPE = {"patterns": ["*"], "keep_last": 0, "older_than": 0}
 ATTACKER_KEY = "an-attackers-own-ed25519-secret-" + "f" * 16
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -144,7 +144,7 @@ def aged(path: Path, data: bytes, age: float) -> Path:
 
 
 def allow_root(tmp_path: Path) -> tuple[Path, dict[Path, bytes]]:
-    """The issue's allow-root: a README, a data set and old checkpoints; every file with its bytes."""
+    """An allow-root: a README, a data set and old checkpoints; every file with its bytes."""
     root = tmp_path / "checkpoints"
     files = {aged(root / "README.md", b"# runs\n", 90 * DAY): b"# runs\n",
              aged(root / "data" / "train.jsonl", b'{"text": "x"}\n' * 50, 90 * DAY): b'{"text": "x"}\n' * 50}
