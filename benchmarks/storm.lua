@@ -1,7 +1,7 @@
 -- wrk script: an alert storm across a big cluster, shaped like Alertmanager 0.25's own bodies
--- (/work/shared/fixtures/alertmanager-0.25): every alert has a new fingerprint AND a new job name, its own
+-- (tests/fixtures/alertmanager-0.25): every alert has a new fingerprint AND a new job name, its own
 -- startsAt, realistic labels and annotations and a generatorURL. Only TrainingLossSpike alerts, so the
--- baseline service (../shared/peers) may be sent the same stream.
+-- baseline service (benchmarks/baseline/) may be sent the same stream.
 -- Knobs (environment):
 --   TRAINMEDIC_BENCH_GROUP  alerts per notification (default 1)
 --   TRAINMEDIC_BENCH_TOKEN  webhook bearer token (default bench-token)
