@@ -16,6 +16,7 @@ from trainmedic.client.wire import records
 from trainmedic.client.wire.redis import connect
 from trainmedic.client.wire.signing import Signer
 
+from . import upgrade
 from .decide.alertmanager import Alertmanager
 from .decide.detections import Detections
 from .decide.dispatch import DispatchSettings, Dispatcher
@@ -101,6 +102,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     try:
         reconciler.mark_epoch()
         records.load_scripts(r)  # trainers and agents may run the scripts, not load them
+        upgrade.guards(r)
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
     app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, metrics, prometheus)

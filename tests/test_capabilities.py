@@ -14,7 +14,7 @@ from trainmedic.client.wire import keys, records
 from trainmedic.service import history
 
 from tests.conftest import load_fixture, post_json, write_playbooks
-from tests.support.jobs import wait_record
+from tests.support.jobs import entry_command, wait_record
 from tests.support.loop import Loop
 from tests.support.nvml import NvmlState
 
@@ -123,7 +123,7 @@ def test_a_live_target_that_cannot_do_a_step_has_it_unsupported_at_once_and_the_
     assert (save["status"], save["reason"]) == ("unsupported", "target_cannot") and save["acked_at"]
     assert "cannot apply save_checkpoint" in save["result"]["message"]
     [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", JOB)))  # the client may have read it already
-    assert [a["action"] for a in json.loads(fields["c"])["actions"]] == ["scale_lr"]
+    assert [a["action"] for a in json.loads(entry_command(r, fields)[0])["actions"]] == ["scale_lr"]
     rec = wait_record(r, made["id"], done, tick=loop.tick)
     assert rec["status"] == "partially_applied" and rec["actions"][0]["status"] == "applied"
     # Nothing it can do: the record settles at once, nothing is sent.
@@ -183,12 +183,13 @@ def test_decide_reads_the_heartbeat_itself_and_the_service_reads_it_only_when_th
         assert rec is not None and (rec["status"], rec["reason"]) == ("dispatched", None), job
         assert [a["status"] for a in rec["actions"]] == ["pending", "pending"], job
         [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", job)))
-        assert [a["action"] for a in json.loads(fields["c"])["actions"]] == ["scale_lr", "save_checkpoint"], job
+        sent = json.loads(entry_command(r, fields)[0])
+        assert [a["action"] for a in sent["actions"]] == ["scale_lr", "save_checkpoint"], job
     assert (made["nobody"]["status"], made["nobody"]["reason"]) == ("dispatched", "no_live_target")
     cut = records.get(r, made["cannot-save"]["id"])
     assert cut is not None and cut["actions"][1]["reason"] == "target_cannot"
     [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", "cannot-save")))
-    assert [a["action"] for a in json.loads(fields["c"])["actions"]] == ["scale_lr"]
+    assert [a["action"] for a in json.loads(entry_command(r, fields)[0])["actions"]] == ["scale_lr"]
     history.catch_up(r)
     assert len(r.zrange(keys.HISTORY, 0, -1)) == 5  # the pairs decided twice are listed once
     # DECIDE read every heartbeat itself; the service read one only for the three whose command did not fit.

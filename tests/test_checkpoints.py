@@ -19,7 +19,7 @@ from trainmedic.client.wire import keys, records
 from trainmedic.service.decide import checkpoints
 
 from tests.conftest import OP_AUTH, load_fixture, post_json, write_playbooks
-from tests.support.jobs import wait_record
+from tests.support.jobs import entry_command, wait_record
 from tests.support.loop import Loop
 
 NODE = "gpu-node-7"
@@ -129,7 +129,7 @@ def test_after_approval_each_job_on_the_node_saves_then_the_drain_is_sent(
     # The drain went out after the checkpoints: it waits in the node's mailbox for its agent.
     assert rec["actions"][1]["status"] == "pending" and r.hget(keys.record(held["id"]), "cmd")
     [entry] = r.xrange(keys.mailbox(keys.Target("node", NODE)))
-    assert [c["action"] for c in json.loads(entry[1]["c"])["actions"]] == ["drain_node"]
+    assert [c["action"] for c in json.loads(entry_command(r, entry[1])[0])["actions"]] == ["drain_node"]
 
 
 def test_a_job_that_does_not_answer_holds_the_drain_only_until_the_timeout(

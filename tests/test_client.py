@@ -18,7 +18,7 @@ from trainmedic.client.wire import records
 from trainmedic.client import RemediationClient
 from trainmedic.client.wire import keys
 from trainmedic.client.receiver.mailbox import Mailbox
-from tests.support.jobs import inject, job_app, mailbox_entries, send, trigger, wait_record, wait_until
+from tests.support.jobs import entry_command, inject, job_app, mailbox_entries, send, trigger, wait_record, wait_until
 from tests.support.loop import Loop
 
 JOB = "llama-ft-01"
@@ -167,7 +167,7 @@ def test_malformed_entries_are_skipped_with_a_warning_and_later_commands_still_a
         r: redis.Redis, loops: Any, caplog: Any) -> None:
     stream = keys.mailbox(keys.Target("job", JOB))
     other = send(r, "someone-else", "scale_lr", {"factor": 0.5})
-    foreign = r.xrange(keys.mailbox(keys.Target("job", "someone-else")))[0][1]["c"]
+    foreign = entry_command(r, r.xrange(keys.mailbox(keys.Target("job", "someone-else")))[0][1])[0]
     r.xadd(stream, {"c": "{not json"})
     r.xadd(stream, {"c": json.dumps({"v": 99, "record_id": "x"})})
     r.xadd(stream, {"nothing": "here"})

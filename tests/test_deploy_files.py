@@ -31,6 +31,7 @@ from trainmedic.service.cli import parser as cli_parser
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service.rules.playbooks import SHIPPED, load
 from tests.conftest import ROOT, post_json
+from tests.support.jobs import entry_command
 
 CONFIG = ROOT / "config"
 RULE_FILES = sorted(glob.glob(str(CONFIG / "rules" / "*.yml")))
@@ -197,7 +198,7 @@ def test_every_alert_the_rules_fire_resolves_to_a_target_and_is_dispatched(http:
     assert sorted(xid) == [("pending_approval", None), ("skipped", "cooldown")], xid
     # The hot GPU's command names the GPU, so the agent throttles that one and no other.
     entries = r.xrange(keys.mailbox(keys.Target("node", "gpu-node-01")))
-    power = [Command.from_json(f["c"]) for _, f in entries]
+    power = [Command.from_json(entry_command(r, f)[0]) for _, f in entries]
     power = [c for c in power if c.actions and c.actions[0].action == "power_limit"]
     assert len(power) == 1
     assert power[0].context == {"gpu_id": "0", "gpu_uuid": "GPU-5fd4d6a0-1b7e-8f2c-3d4e-a1b2c3d4e5f6"}

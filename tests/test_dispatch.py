@@ -14,6 +14,7 @@ from trainmedic.service.decide.reconciler import Reconciler, ReconcilerSettings
 from trainmedic.service.rules.playbooks import load
 
 from tests.conftest import ROOT, SIGNING_KEY, load_fixture
+from tests.support.jobs import entry_command
 
 JOB = keys.Target("job", "llama-ft-01")
 
@@ -28,7 +29,7 @@ def test_record_and_command_are_written_together(r) -> None:
     h = r.hgetall(keys.record(o.record_id))
     assert h["status"] == "dispatched" and h["dispatched_ms"]
     [(_, fields)] = r.xrange(keys.mailbox(JOB))
-    assert Command.from_json(fields["c"]).record_id == o.record_id
+    assert Command.from_json(entry_command(r, fields)[0]).record_id == o.record_id
     assert r.pttl(keys.record(o.record_id)) > 0  # history is bounded in age
 
 
@@ -66,7 +67,7 @@ def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
     assert h["a:1:spec"] and h["a:1:status"] == "skipped"
     assert r.xlen(keys.mailbox(JOB)) == 0
     # No cooldown was consumed by the dry run.
-    assert not r.exists(keys.cooldown(JOB, "loss-spike"))
+    assert not r.exists(keys.guard(JOB, "loss-spike"))
 
 
 def test_a_resolved_alert_never_seen_firing_does_nothing(r) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,7 +12,6 @@ import pytest
 import requests
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import Command
 
 from tests.conftest import AUTH, OP_AUTH, write_playbooks
 from tests.support.jobs import wait_until
@@ -132,7 +132,8 @@ def approve(url: str, rid: str) -> requests.Response:
 
 def test_approval_holds_the_action_until_one_approve_releases_it_to_the_agent(service, r, agents, nvml_lib,
                                                                               nvml_state) -> None:
-    agents("gpu-node-1", lib_dir=nvml_lib, state=nvml_state).wait_ready(r)
+    agent = agents("gpu-node-1", lib_dir=nvml_lib, state=nvml_state)
+    agent.wait_ready(r)
     rem = post(service.url, group("GPUTemperatureHigh", node="gpu-node-1", gpu_id="0"))["remediations"][0]
     assert rem["status"] == "pending_approval"
     rec = requests.get(f"{service.url}/remediations/{rem['id']}").json()
@@ -143,13 +144,14 @@ def test_approval_holds_the_action_until_one_approve_releases_it_to_the_agent(se
         codes = sorted(pool.map(lambda _: approve(service.url, rem["id"]).status_code, range(8)))
     assert codes == [200] + [409] * 7  # four workers race; exactly one release
     assert dispatched_commands(r) == 1
-    # The release signs its command anew with the fence the record's own fields give (no fence is stored).
-    [(_, entry)] = r.xrange(keys.mailbox(keys.Target("node", "gpu-node-1")))
-    fp = rec["alert"]["fingerprint"]
-    assert Command.from_json(entry["c"]).fence == f"{fp}|2026-11-22T01:25:24Z|hold|0|firing"
     assert "fence" not in r.hgetall(keys.record(rem["id"]))
     rec = wait_record(r, rem["id"])
     assert rec["status"] == "applied" and nvml_state.limit_w(0) == 560
+    # The release signed its command anew with the fence the record's own fields give (no fence is stored):
+    # the agent keeps the fence of what it applied.
+    fp = rec["alert"]["fingerprint"]
+    applied = json.loads((agent.state_dir / "agent-state.json").read_text())["commands"]
+    assert [rem["id"], f"{fp}|2026-11-22T01:25:24Z|hold|0|firing"] in [c[:2] for c in applied]
     again = approve(service.url, rem["id"])
     assert again.status_code == 409 and "not pending approval" in again.json()["error"]
 

@@ -19,6 +19,7 @@ from trainmedic.service import history
 
 from tests.conftest import post_json, write_playbooks
 from tests.support.faults import CrashTrainer, wait_for
+from tests.support.jobs import entry_command
 
 # The global keys kept without a TTL, and what bounds each one.
 GLOBALS = {
@@ -171,7 +172,7 @@ def test_after_a_burst_every_key_has_a_ttl_except_the_global_indexes_which_are_b
 
     ttl = every_key(r)
     kinds = {k.split("}:", 1)[1].split(":")[0] if "}:" in k else k for k in ttl}
-    assert {"rec", "mailbox", "episode", "undo", "cooldown", "budget", "due", "cursor", "ackstats", "ledger",
+    assert {"rec", "mailbox", "episode", "undo", "guard", "due", "cursor", "ackstats", "ledger",
             "power", "heartbeat"} <= kinds  # the burst wrote every kind of per-target key
     segments = (keys.HIST_PREFIX + "bm:", keys.HIST_PREFIX + "seg:")  # bounded with the records (see GLOBALS)
     unbounded = sorted(k for k, t in ttl.items() if t < 0 and k not in GLOBALS and not k.startswith(segments))
@@ -222,7 +223,7 @@ def test_a_949_kb_alert_is_stored_as_a_record_of_a_few_kb_with_its_labels_whole(
     assert len(r.hget(keys.record(made["id"]), "alert")) < 8 * 1024
     # The command sent to the job carries no annotations at all.
     [entry] = r.xrange(keys.mailbox(keys.Target("job", "big-job")))
-    assert len(entry[1]["c"]) < 4096
+    assert len(entry_command(r, entry[1])[0]) < 4096
 
 
 def test_the_global_indexes_without_a_ttl_forget_targets_that_are_long_gone(app: Any, r: Any) -> None:

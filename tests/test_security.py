@@ -212,7 +212,7 @@ def test_forged_commands_are_refused_and_nothing_is_deleted_or_throttled(node_ag
     # 7. A genuinely signed command for another node, copied into this node's mailbox.
     elsewhere = jobs.inject(r, keys.Target("node", "another-node"), forged, GPU0)
     [(_, entry)] = r.xrange(keys.mailbox(keys.Target("node", "another-node")))
-    xadd(r, target, entry["c"], entry["s"])
+    xadd(r, target, *jobs.entry_command(r, entry))
 
     # A genuine command after them all: once it is applied, every entry before it was read (one cursor).
     after = jobs.inject(r, target, [("restore_power_limit", {})], GPU0)
@@ -253,7 +253,8 @@ def test_a_replayed_command_is_not_applied_again_and_is_counted_replayed(node_ag
     nvml_state.write([dataclasses.replace(g, current_mw=700_000) if g.index == 0 else g
                       for g in nvml_state.gpus().values()])  # someone put it back by hand
     [(_, entry)] = r.xrange(keys.mailbox(target))
-    xadd(r, target, entry["c"], entry["s"])  # the same signed bytes, again
+    r.xadd(keys.mailbox(target), entry)  # the same entry again: it names the record, which holds no command now
+    r.publish(keys.wake_channel(target), "x")
     # A genuine command after it (for the other GPU): once it is acknowledged, the replay was read too.
     after = jobs.inject(r, target, [("restore_power_limit", {})], {"gpu_id": "1"})
     assert wait_record(r, after)["actions"][0]["reason"] == "nothing_to_restore"

@@ -12,6 +12,7 @@ from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import Command
 
 from tests.conftest import AUTH, TOKEN, load_fixture, post_json
+from tests.support.jobs import entry_command
 
 
 def mailbox(r, kind: str, name: str) -> list:
@@ -28,7 +29,7 @@ def test_a_firing_alert_is_recorded_and_dispatched(http, r) -> None:
     [rem] = resp.json["remediations"]
     assert rem["status"] == "dispatched" and rem["playbook"] == "loss-spike"
     [(_, fields)] = mailbox(r, "job", "llama-ft-01")
-    cmd = Command.from_json(fields["c"])
+    cmd = Command.from_json(entry_command(r, fields)[0])
     assert cmd.record_id == rem["id"]
     assert [a.action for a in cmd.actions] == ["rollback_checkpoint", "scale_lr"]
     assert cmd.actions[1].params == {"factor": 0.5, "min_lr": 1e-7}
@@ -54,7 +55,8 @@ def test_a_record_keeps_no_field_its_id_holds_and_reads_the_same(http, r) -> Non
     assert records.start_of(stored) == "2026-11-22T01:25:24Z"
     [(_, entry)] = mailbox(r, "job", "llama-ft-01")
     fence = f"{sent['fingerprint']}|2026-11-22T01:25:24Z|loss-spike|0|firing"
-    assert Command.from_json(entry["c"]).fence == fence == records.fence_of(records.stored(r, rem["id"]))
+    sent_fence = Command.from_json(entry_command(r, entry)[0]).fence
+    assert sent_fence == fence == records.fence_of(records.stored(r, rem["id"]))
     shown = http.get(f"/remediations/{rem['id']}").json
     assert shown["id"] == rem["id"] and shown["target"] == {"kind": "job", "name": "llama-ft-01"}
     made = datetime.fromisoformat(shown["created_at"].replace("Z", "+00:00")).timestamp()
@@ -127,8 +129,8 @@ def test_each_grouped_alert_goes_to_its_own_node(http, r) -> None:
     assert {x["status"] for x in resp.json["remediations"]} == {"dispatched"}
     [(_, a)] = mailbox(r, "node", "gpu-node-01")
     [(_, b)] = mailbox(r, "node", "gpu-node-02")
-    assert Command.from_json(a["c"]).context == {"gpu_id": "0"}
-    assert Command.from_json(b["c"]).context == {"gpu_id": "3"}
+    assert Command.from_json(entry_command(r, a)[0]).context == {"gpu_id": "0"}
+    assert Command.from_json(entry_command(r, b)[0]).context == {"gpu_id": "3"}
 
 
 def test_a_resolved_alert_runs_only_on_resolved(http, r) -> None:
@@ -141,7 +143,7 @@ def test_a_resolved_alert_runs_only_on_resolved(http, r) -> None:
     resp = post_json(http, "/webhook", resolved)
     assert [x["status"] for x in resp.json["remediations"]] == ["dispatched", "dispatched"]
     entries = mailbox(r, "node", "gpu-node-01")
-    assert [a.action for a in Command.from_json(entries[-1][1]["c"]).actions] == ["restore_power_limit"]
+    assert [a.action for a in Command.from_json(entry_command(r, entries[-1][1])[0]).actions] == ["restore_power_limit"]
     # A second resolved notification (an HA peer) runs nothing more.
     assert post_json(http, "/webhook", resolved).json["remediations"] == []
     assert len(mailbox(r, "node", "gpu-node-01")) == 2

@@ -235,20 +235,23 @@ class Inbox:
                     mb.count_refused(e.refused)
                     log.warning("trainmedic: refused a command in %s's mailbox (entry %s): %s", self.target.label,
                                 e.entry_id, e.error)
-                elif e.command is None:
+                elif e.command is None and e.error is not None:
                     log.warning("trainmedic: ignored a malformed command in %s's mailbox (entry %s): %s",
                                 self.target.label, e.entry_id, e.error)
-                elif answer == "ok":
+                elif answer == "ok" and e.command is not None:
                     self.ready.append(e)
                     took = True
+                elif answer == "ok" and e.record_id:
+                    # Its command was stored anew since it was read: hand it back for the next look.
+                    mb.release(e.record_id)
                 elif answer == "replayed":
                     # Its record was acknowledged already: the same signed bytes were delivered again.
                     mb.count_refused("replayed")
                     log.warning("trainmedic: ignored a replay of command %s, which was acknowledged already",
-                                e.command.record_id)
+                                e.record_id)
                 elif answer == "missing":
                     # No record holds it: not a command the service made (or one long gone). Never applied.
-                    log.warning("trainmedic: ignored a command for unknown remediation %s", e.command.record_id)
+                    log.warning("trainmedic: ignored a command for unknown remediation %s", e.record_id)
             if took:
                 self._notify()
             if len(entries) < 100:

@@ -32,6 +32,8 @@ class Entry:
     error: str | None = None
     # Why the entry was refused before anything else: "unsigned" or "bad_signature" (never applied).
     refused: str | None = None
+    # The record the entry names (its command's; or one whose command is gone: it ended, or never was).
+    record_id: str | None = None
 
 
 class Mailbox:
@@ -47,15 +49,39 @@ class Mailbox:
         return str(self.r.get(keys.cursor(self.target)) or "0-0")
 
     def fetch(self, count: int = 100) -> list[Entry]:
-        """Entries after the saved cursor, oldest first, each checked against the verify keys."""
-        raw = self.r.xrange(keys.mailbox(self.target), "(" + self.cursor(), "+", count=count)
-        return [self._entry(eid, fields) for eid, fields in raw]
+        """Entries after the saved cursor, oldest first, each checked against the verify keys.
 
-    def _entry(self, eid: str, fields: dict[str, Any]) -> Entry:
-        text = fields.get("c", "")
+        An entry names its record (`r`), which holds the signed command until the record ends: one more round
+        trip reads every named record's command. An entry written by an earlier version carries it (`c`, `s`).
+        """
+        raw = self.r.xrange(keys.mailbox(self.target), "(" + self.cursor(), "+", count=count)
+        named = [f["r"] for _, f in raw if "c" not in f and self._ours(f.get("r"))]
+        stored: dict[str, list[Any]] = {}
+        if named:
+            pipe = self.r.pipeline(transaction=False)
+            for rid in named:
+                pipe.hmget(keys.record(rid), "cmd", "sig")
+            stored = dict(zip(named, pipe.execute()))
+        out = []
+        for eid, fields in raw:
+            rid = fields.get("r")
+            if "c" in fields:
+                out.append(self._entry(eid, fields.get("c", ""), fields.get("s") or ""))
+            elif rid in stored:
+                text, sig = stored[rid]
+                # No command: its record ended (or never was); the claim says which, and nothing is applied.
+                out.append(Entry(eid, None, record_id=rid) if text is None else self._entry(eid, text, sig or ""))
+            else:
+                out.append(Entry(eid, None, "the entry names no record of this target"))
+        return out
+
+    def _ours(self, rid: Any) -> bool:
+        """Whether an entry's `r` is the id of one of this target's records."""
+        return isinstance(rid, str) and bool(keys.RECORD_ID_RE.match(rid)) and keys.target_of_record(rid) == self.target
+
+    def _entry(self, eid: str, text: str, sig: str) -> Entry:
         if self.verifier is not None:
             # The signature is checked over the exact bytes before they are even parsed.
-            sig = fields.get("s") or ""
             if not sig:
                 return Entry(eid, None, "the command is not signed", refused="unsigned")
             if not self.verifier.verify(text.encode(), sig):
@@ -66,14 +92,14 @@ class Mailbox:
             if keys.target_of_record(cmd.record_id) != self.target or (cmd.kind, cmd.target) != (
                     self.target.kind, self.target.name):
                 raise ProtocolError("the command is for another target")
-            return Entry(eid, cmd)
+            return Entry(eid, cmd, record_id=cmd.record_id)
         except (ProtocolError, ValueError) as exc:
             return Entry(eid, None, str(exc))
 
     def claim(self, entry: Entry, identity: str) -> str:
         """Move the cursor past the entry and take its record: 'ok' means ours to apply (lua/claim.lua)."""
-        rid = entry.command.record_id if entry.command is not None else None
-        return records.claim(self.scripts, self.target, entry.entry_id, rid, identity, time.time(), CURSOR_TTL)
+        return records.claim(self.scripts, self.target, entry.entry_id, entry.record_id, identity, time.time(),
+                             CURSOR_TTL)
 
     def ack(self, acks: Iterable[Ack]) -> list[Any]:
         """Write acks into their records in one pipeline; returns the scripts' answers."""

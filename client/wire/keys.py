@@ -125,12 +125,10 @@ def ledger(t: Target) -> str:
     return f"{PREFIX}{t.tag}:ledger"
 
 
-def cooldown(t: Target, playbook: str) -> str:
-    return f"{PREFIX}{t.tag}:cooldown:{playbook}"
-
-
-def budget(t: Target, playbook: str) -> str:
-    return f"{PREFIX}{t.tag}:budget:{playbook}"
+def guard(t: Target, playbook: str) -> str:
+    """Hash: the playbook's guards on the target: `cool` (ms until which it cools down) and `runs` (the times it
+    dispatched within its max_runs window, space-separated)."""
+    return f"{PREFIX}{t.tag}:guard:{playbook}"
 
 
 def ack_stats(t: Target) -> str:

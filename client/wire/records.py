@@ -147,9 +147,10 @@ def lua(name: str) -> str:
     folder = resources.files(__package__).joinpath("lua")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     if name == "decide_many":
-        # DECIDE_MANY runs DECIDE's body once per pair: as a function of its own KEYS and ARGV.
+        # DECIDE_MANY runs DECIDE's body once per pair: as a function of its own KEYS and ARGV (and the
+        # writes the pairs share, its `...`).
         decide = folder.joinpath("decide.lua").read_text(encoding="utf-8")
-        body = f"local function decide_one(KEYS, ARGV)\n{decide}\nend\n{body}"
+        body = f"local function decide_one(KEYS, ARGV, ...)\n{decide}\nend\n{body}"
     return folder.joinpath("common.lua").read_text(encoding="utf-8") + "\n" + body
 
 
@@ -348,12 +349,11 @@ class NewRecord:
         """When a dispatched or held record is next due, unless something needs the reconciler sooner."""
         return self.now + min(self.expire_after, self.approval_timeout, self.obligation_due)
 
-    def keys_args(self, cluster: bool) -> tuple[list[str], dict[str, Any]]:
-        """DECIDE's ten KEYS and its ARGV[1] (before JSON)."""
+    def keys_block(self, cluster: bool) -> tuple[list[str], list[Any]]:
+        """DECIDE's nine KEYS and its ARGV block, by position (lua/decide.lua names each)."""
         t = self.target
         now_ms = ms(self.now)
         # The record's created_at is created_ms as RFC 3339 (derived on read, like its id and target).
-        at = rfc3339(now_ms / 1000)
         fields: dict[str, Any] = {
             "created_ms": now_ms, "playbook": self.playbook, "n": len(self.steps),
             "alert": stored_alert(self.alert), **dict(self.extra),
@@ -375,8 +375,6 @@ class NewRecord:
             fields["detail"] = self.detail
         if self.context:
             fields["context"] = dumps(self.context)
-        if self.verify is not None:
-            fields["verify_ms"] = ms(self.verify)
         if self.stage:
             fields.update(stage=self.stage, parent=self.parent)
         elif self.parent:
@@ -386,28 +384,26 @@ class NewRecord:
             fields[f"a:{i}:spec"] = st.spec()
         if self.sealer is not None:
             fields["seal"] = self.sealer(seal_text(self.rid, fields))
-        args = {
-            "now": now_ms, "at": at, "mode": self.mode, "start": self.episode_start,
-            "rid": self.rid, "forced_reason": self.forced_reason, "cooldown_ms": ms(self.cooldown),
-            "budget_count": self.budget[0], "budget_window_ms": ms(self.budget[1]), "approval": int(self.approval),
-            "dry": int(self.dry_run), "undo": int(self.undo), "record_ttl_ms": ms(self.record_ttl),
-            "episode_ttl_ms": ms(self.episode_ttl), "maxlen": self.mailbox_maxlen,
-            "channel": keys.wake_channel(t), "command": self.command, "signature": self.signature,
-            "expires_ms": now_ms + ms(self.expire_after), "approve_by_ms": now_ms + ms(self.approval_timeout),
-            "ob_member": keys.obligation_member(self.playbook, self.fingerprint),
-            "ob_due_ms": now_ms + ms(self.obligation_due), "n": len(self.steps), "fields": fields,
-            "follow": int(self.follow), "ends_at": self.ends_at, "ends_ms": self.ends_ms,
-            "early": early_arg(self.early), "no_live": int(self.no_live), "defer": int(self.defer),
-            "hb": int(self.check_reach), "need": list(self.need),
-        }
+        block: list[Any] = [
+            now_ms, rfc3339(now_ms / 1000), self.mode, self.episode_start, self.rid, self.forced_reason,
+            ms(self.cooldown), self.budget[0], ms(self.budget[1]), int(self.approval), int(self.dry_run),
+            int(self.undo), ms(self.record_ttl), ms(self.episode_ttl), self.mailbox_maxlen, keys.wake_channel(t),
+            self.command, self.signature, now_ms + ms(self.expire_after), now_ms + ms(self.approval_timeout),
+            keys.obligation_member(self.playbook, self.fingerprint), now_ms + ms(self.obligation_due),
+            len(self.steps), int(self.follow), self.ends_at, self.ends_ms,
+            dumps(early_arg(self.early)) if self.early else "", int(self.no_live), int(self.defer),
+            int(self.check_reach), " ".join(self.need), t.label, int(self.visit_now), ms(self.later),
+            repr(self.now + self.approval_timeout), "" if self.verify is None else ms(self.verify),
+        ]
+        for kv in fields.items():
+            block += kv
         ks = [keys.record(self.rid), keys.mailbox(t), keys.episode(t, self.playbook, self.fingerprint),
-              keys.cooldown(t, self.playbook), keys.budget(t, self.playbook),
-              keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
+              keys.guard(t, self.playbook), keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
         # The ladder's previous record (mode stage), else the record again (DECIDE reads it only in a stage).
         ks.append(keys.record(self.prev) if self.prev else ks[0])
         ks.append(keys.metrics(t, cluster))
         ks.append(keys.heartbeat(t))
-        return ks, args
+        return ks, block
 
 
 # What a record's seal covers: every field that the service reads back to build the command it signs later
@@ -438,20 +434,6 @@ def silence_text(record_id: str, silence_id: str) -> bytes:
     return dumps([record_id, "silence", silence_id]).encode()
 
 
-def _script_args() -> Callable[[Any], str | bytes]:
-    """The encoder of DECIDE's arguments: orjson where it is installed (the service's extra brings it: about
-    2.6 KB of JSON a pair, a fifth of the webhook's Python), else the standard one. Only the script reads
-    them, and everything in them was checked finite when it was parsed or loaded."""
-    try:
-        import orjson
-    except ImportError:
-        return dumps
-    return orjson.dumps
-
-
-script_args = _script_args()
-
-
 # Pairs per DECIDE_MANY call: one call holds Redis for the whole batch, so a 1,000-alert notification is
 # cut into a few (all still in one pipeline, one round trip).
 DECIDE_BATCH = 100
@@ -464,13 +446,12 @@ def decide_many_calls(scripts: Scripts, made: list[NewRecord], index: bool) -> l
     for start in range(0, len(made), DECIDE_BATCH):
         chunk = made[start:start + DECIDE_BATCH]
         ks: list[str] = []
-        argv: list[Any] = [dumps({"n": len(chunk), "index": int(index)})]
+        argv: list[Any] = [len(chunk), int(index)]
         for n in chunk:
-            k, args = n.keys_args(scripts.cluster)
+            k, block = n.keys_block(scripts.cluster)
             ks += k
-            args["ix"] = {"label": n.target.label, "follow_now": int(n.visit_now), "later_ms": ms(n.later),
-                          "approve_by_s": repr(n.now + n.approval_timeout)}
-            argv.append(script_args(args))
+            argv.append(len(block))
+            argv += block
         if index:
             ks += [keys.HIST_JOURNAL, keys.APPROVALS, keys.DUE, keys.MAILBOXES]
         calls.append((scripts.decide_many, ks, argv))

@@ -154,3 +154,13 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0, tick: Callable[[]
 
 def mailbox_entries(r: redis.Redis, job: str) -> list:
     return r.xrange(keys.mailbox(keys.Target("job", job)))
+
+
+def entry_command(r: redis.Redis, fields: dict) -> tuple[str, str]:
+    """A mailbox entry's signed command and signature: stored in the record it names (`r`), or carried by the
+    entry itself (`c`, `s`: entries written by an earlier version, or injected by a test)."""
+    if "c" in fields:
+        return fields["c"], fields.get("s") or ""
+    text, sig = r.hmget(keys.record(fields["r"]), "cmd", "sig")
+    assert text is not None, f"record {fields['r']} holds no command"
+    return text, sig or ""

@@ -16,16 +16,18 @@ local metrics_ttl = {}
 -- through a journal of record ids: the global one on a single Redis (where `metrics` is the global hash),
 -- else the target's own list in its slot (whoever ran the script names the target in trainmedic:hist:dirty,
 -- client/wire/redis.py mark_journaled, and the indexer moves the list to the global one). The service drains it.
-local function hist_touch(rec, metrics)
+local function journal_of(rec, metrics)
   local i = string.find(rec, ':rec:', 1, true)
-  if not i then return end
-  if metrics == GLOBAL_METRICS then
-    redis.call('RPUSH', GLOBAL_JOURNAL, string.sub(rec, i + 5))
-  else
-    local j = string.sub(rec, 1, i) .. 'hj'
-    redis.call('RPUSH', j, string.sub(rec, i + 5))
-    redis.call('PEXPIRE', j, KEEP_MS)
-  end
+  if not i then return nil, nil end
+  if metrics == GLOBAL_METRICS then return GLOBAL_JOURNAL, string.sub(rec, i + 5) end
+  return string.sub(rec, 1, i) .. 'hj', string.sub(rec, i + 5)
+end
+
+local function hist_touch(rec, metrics)
+  local journal, rid = journal_of(rec, metrics)
+  if not journal then return end
+  redis.call('RPUSH', journal, rid)
+  if journal ~= GLOBAL_JOURNAL then redis.call('PEXPIRE', journal, KEEP_MS) end
 end
 
 -- A record entered (1) or left (-1) the status `dispatched`: its kind's backlog moves with it.
@@ -38,6 +40,44 @@ local function count_backlog(rec, delta, metrics)
       metrics_ttl[metrics] = true
     end
   end
+end
+
+-- The writes that DECIDE_MANY's pairs share, made once at the end of the call (`later`, a table the call
+-- starts empty): one RPUSH per journal, one HINCRBY per backlog, one PEXPIRE per key (a notification's
+-- alerts mostly share their targets, journal and metrics hash).
+local function later_touch(later, rec, metrics)
+  local journal, rid = journal_of(rec, metrics)
+  if not journal then return end
+  later.journal[journal] = later.journal[journal] or {}
+  table.insert(later.journal[journal], rid)
+end
+
+local function later_backlog(later, rec, delta, metrics)
+  local kind = string.match(rec, '{(%a+):')
+  if kind then
+    later.backlog[metrics] = later.backlog[metrics] or {}
+    later.backlog[metrics][kind] = (later.backlog[metrics][kind] or 0) + delta
+  end
+end
+
+-- A key's TTL, written once per call (the longest asked for wins).
+local function later_expire(later, key, ttl_ms)
+  local have = later.expire[key]
+  if not have or tonumber(ttl_ms) > tonumber(have) then later.expire[key] = ttl_ms end
+end
+
+local function later_flush(later)
+  for journal, rids in pairs(later.journal) do
+    redis.call('RPUSH', journal, unpack(rids))
+    if journal ~= GLOBAL_JOURNAL then later_expire(later, journal, KEEP_MS) end
+  end
+  for metrics, kinds in pairs(later.backlog) do
+    for kind, delta in pairs(kinds) do
+      if delta ~= 0 then redis.call('HINCRBY', metrics, 'backlog|' .. kind, delta) end
+    end
+    later_expire(later, metrics, KEEP_MS)
+  end
+  for key, ttl_ms in pairs(later.expire) do redis.call('PEXPIRE', key, ttl_ms) end
 end
 
 -- A record's status from its actions (README: HTTP API, a record): skipped actions do not count; applied
@@ -108,7 +148,7 @@ local function end_open(rec, status, reason, message, at)
 end
 
 -- Offer a record's stored, signed command again: its delivered actions become pending, a new mailbox entry
--- (after every cursor) carries the same bytes, and a wake-up says "look now". false if nothing was stored.
+-- (after every cursor) names the record again, and a wake-up says "look now". false if nothing was stored.
 local function reoffer(rec, mailbox, channel, maxlen, rid)
   local cmd = redis.call('HGET', rec, 'cmd')
   if not cmd then return false end
@@ -121,7 +161,7 @@ local function reoffer(rec, mailbox, channel, maxlen, rid)
     end
   end
   redis.call('HINCRBY', rec, 'offers', 1)
-  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'c', cmd, 's', redis.call('HGET', rec, 'sig') or '')
+  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'r', rid)
   redis.call('PUBLISH', channel, rid)
   return true
 end
@@ -138,10 +178,12 @@ local function decide_early(rec, early, at)
   end
 end
 
--- Put a record's signed command in the target's mailbox and wake the target (unless there is none to send).
+-- Store a record's signed command, name the record in the target's mailbox and wake the target (unless there
+-- is none to send). A mailbox entry holds only the record's id (`r`): the command is stored once, in the
+-- record, where the target reads it (client/receiver/mailbox.py).
 local function send(rec, mailbox, channel, maxlen, rid, command, signature)
   if command == '' then return end
   redis.call('HSET', rec, 'cmd', command, 'sig', signature)
-  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'c', command, 's', signature)
+  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'r', rid)
   redis.call('PUBLISH', channel, rid)
 end
