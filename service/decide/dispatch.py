@@ -173,7 +173,11 @@ class Dispatcher:
         # DECIDE reads each target's heartbeat itself; a pair whose command does not fit it comes back
         # 'reach' (nothing written) and is decided again below with the heartbeat read here.
         news = [self.new_record(d, now, check_reach=bool(d.steps and not d.resolution.reason and d.target.name),
-                                rid=rids.get(i, "")) for i, d in enumerate(decisions)]
+                                rid=rids.get(i, ""), sign=False) for i, d in enumerate(decisions)]
+        # One Ed25519 signature for the notification's commands (Signer.sign_many): each still verifies alone.
+        todo = [i for i, n in enumerate(news) if n.command]
+        for i, sig in zip(todo, self.signer.sign_many([news[i].command.encode() for i in todo])):
+            news[i] = replace(news[i], signature=sig)
         answers = self._run(news)
         again = [i for i, a in enumerate(answers) if str(a[0]) == "reach"]
         if again:
@@ -238,10 +242,11 @@ class Dispatcher:
 
     def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
-                   check_reach: bool = False, rid: str = "") -> records.NewRecord:
+                   check_reach: bool = False, rid: str = "", sign: bool = True) -> records.NewRecord:
         """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder, or the
         node record a checkpoint belongs to); check_reach: made with every step, for DECIDE to check against
-        the heartbeat; rid: the record's id when the caller chose it already."""
+        the heartbeat; rid: the record's id when the caller chose it already; sign False: the caller signs the
+        command (with others)."""
         pb, s, target = d.playbook, self.settings, d.target
         rid = rid or new_record_id(target)
         steps = d.steps
@@ -252,7 +257,7 @@ class Dispatcher:
             cmd = command_for(rid, target, send, d.resolution.context, now, pb.expire_after, d.alert.fingerprint,
                               fence, d.alert.starts_at)
             command = cmd.to_json()
-            signature = self.signer.sign(command.encode())
+            signature = self.signer.sign(command.encode()) if sign else ""
         return records.NewRecord(
             rid=rid, target=target, playbook=pb.name, mode=d.mode, steps=steps, alert=d.alert.as_dict(),
             episode_start=d.alert.episode_start, fingerprint=d.alert.fingerprint, now=now,

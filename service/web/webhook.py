@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
-from trainmedic.client.logs import remediation
+from trainmedic.client.logs import EACH, remediation
 
 from .. import unmatched
 from ..decide.plan import plan
@@ -31,12 +31,14 @@ def webhook() -> Any:
     outcomes = x.dispatcher.execute(decisions)
     x.metrics.webhook(group, outcomes)
     if log.isEnabledFor(logging.INFO):
-        for d, o in zip(decisions, outcomes):
-            if o.new:
-                log.info("remediation %s: playbook %s on %s for %s (%s): %s%s", o.record_id, o.playbook,
-                         d.target.label, d.alert.alertname, d.mode, o.status, f" ({o.reason})" if o.reason else "",
-                         extra=remediation(o.record_id, o.fingerprint, d.target, playbook=o.playbook,
-                                           alertname=d.alert.alertname, status=o.status, reason=o.reason))
+        # One log call for the notification, one line for each remediation (logs.EACH).
+        lines = [(f"remediation {o.record_id}: playbook {o.playbook} on {d.target.label} for {d.alert.alertname} "
+                  f"({d.mode}): {o.status}{f' ({o.reason})' if o.reason else ''}",
+                  remediation(o.record_id, o.fingerprint, d.target, playbook=o.playbook,
+                              alertname=d.alert.alertname, status=o.status, reason=o.reason))
+                 for d, o in zip(decisions, outcomes) if o.new]
+        if lines:
+            log.info("%d remediations", len(lines), extra={EACH: lines})
     return jsonify({
         "status": "ok",
         "alerts": len(group.alerts),
