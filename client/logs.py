@@ -13,8 +13,27 @@ from .wire.protocol import rfc3339
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 # Keys the formatter writes itself; an `extra=` of the same name is kept under "extra_<name>".
 _OWN = ("ts", "level", "logger", "msg", "pid", "exc")
-# default=str: an odd extra (a Path, a dataclass) must never cost the log line. One encoder for every line.
+# default=str: an odd extra (a Path, a dataclass) must never cost the log line. One encoder for every line:
+# orjson where it is installed (the service's extra brings it), else the standard one.
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+def _encoder() -> Any:
+    try:
+        import orjson
+    except ImportError:
+        return _ENCODER.encode
+    options = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+
+    def encode(value: Any) -> str:
+        try:
+            return orjson.dumps(value, default=str, option=options).decode()
+        except TypeError:  # what orjson refuses (an integer over 64 bits...), the standard encoder writes
+            return _ENCODER.encode(value)
+    return encode
+
+
+_encode = _encoder()
 
 
 # A record whose `extra=` holds EACH (a list of (message, fields)) is written as one line per item: a
@@ -48,7 +67,7 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         if record.stack_info:
             out["stack"] = record.stack_info
-        return _ENCODER.encode(out)
+        return _encode(out)
 
 
 def _message(record: logging.LogRecord) -> str:

@@ -11,7 +11,6 @@ import redis
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from trainmedic.client.settings import Settings
 from trainmedic.client.wire import records
 from trainmedic.client.wire.redis import connect
 from trainmedic.client.wire.signing import Signer
@@ -25,6 +24,7 @@ from .errors import MAX_BODY, TrainmedicError
 from .people import People
 from .prometheus import Prometheus
 from .rules.playbooks import SHIPPED, Playbook, load, missing_alertmanager
+from .settings import ServiceSettings
 from .web.metrics import WEBHOOK_SECONDS, Metrics
 
 log = logging.getLogger("trainmedic.service")
@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover
 class Extension:
     """What the app holds: the settings, a Redis client (a pool, no state) and the playbooks loaded at start."""
 
-    settings: Settings
+    settings: ServiceSettings
     redis: redis.Redis
     playbooks: list[Playbook]
     dispatcher: Dispatcher
@@ -55,24 +55,24 @@ class Extension:
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    """The Flask app: the environment's settings, then test overrides (Settings field names, or Flask's)."""
+    """The Flask app: the environment's settings, then test overrides (ServiceSettings field names, or Flask's)."""
     app = Flask(__name__, static_folder="web/static")
     # Records answer in the contract's field order, and unsorted encoding is a third cheaper on a history page.
     app.json.sort_keys = False  # type: ignore[attr-defined]  # DefaultJSONProvider has it
-    settings = Settings.from_env()
+    settings = ServiceSettings.from_env()
     overrides = dict(test_config or {})
-    fields = {k: overrides.pop(k) for k in list(overrides) if k in Settings.__dataclass_fields__}
+    fields = {k: overrides.pop(k) for k in list(overrides) if k in ServiceSettings.__dataclass_fields__}
     app.config.update(MAX_CONTENT_LENGTH=MAX_BODY, **overrides)
     init_app(app, settings.replace(**fields))
     return app
 
 
-def public_url(settings: Settings) -> str:
+def public_url(settings: ServiceSettings) -> str:
     """TRAINMEDIC_PUBLIC_URL, else http://HOST:PORT as bound (links in silences and notifications)."""
     return settings.public_url or f"http://{settings.bind}"
 
 
-def init_app(app: Flask, settings: Settings) -> None:
+def init_app(app: Flask, settings: ServiceSettings) -> None:
     """Attach Redis, playbooks, blueprints and error handlers (playbooks are validated here)."""
     if not settings.redis_url:
         raise ValueError("no Redis URL: set TRAINMEDIC_REDIS_URL (trainmedic serve starts an embedded Redis)")
@@ -102,7 +102,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     try:
         reconciler.mark_epoch()
         records.load_scripts(r)  # trainers and agents may run the scripts, not load them
-        upgrade.guards(r)
+        upgrade.playbook_states(r)
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
     app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, metrics, prometheus)

@@ -5,9 +5,9 @@ import os
 import shutil
 
 from trainmedic.client.logs import gunicorn_config
-from trainmedic.client.settings import Settings
+from trainmedic.service.settings import ServiceSettings
 
-_settings = Settings.from_env()
+_settings = ServiceSettings.from_env()
 bind = _settings.bind
 workers = _settings.workers
 # Reads each request whole (within TRAINMEDIC_REQUEST_DEADLINE) before a thread serves it: see worker.py.

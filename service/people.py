@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmedic.client.settings import Settings, SettingsError
+from trainmedic.client.settings import SettingsError
+
+from .settings import ServiceSettings
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}\Z")
 # People's tokens are typed into a form and kept in files: long enough that guessing is hopeless.
@@ -79,7 +81,7 @@ class People:
     _fingerprints: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> People:
+    def from_settings(cls, settings: ServiceSettings) -> People:
         """The settings' tokens; SettingsError (one sentence) for a bad tokens file or tokens that collide."""
         others = {"TRAINMEDIC_WEBHOOK_TOKEN": settings.webhook_token, "TRAINMEDIC_OPERATOR_TOKEN":
                   settings.operator_token, "TRAINMEDIC_READ_TOKEN": settings.read_token}

@@ -9,39 +9,48 @@ from trainmedic.client.wire import keys
 
 log = logging.getLogger("trainmedic.upgrade")
 
-# Set once the guards are in today's layout: later starts skip the scan.
-GUARDS_DONE = keys.PREFIX + "upgraded:guards"
+# Set once every playbook state is in today's layout: later starts skip the scan.
+STATES_DONE = keys.PREFIX + "upgraded:playbook-states"
+# Written by versions before the episode kept its `hi`; nothing reads it.
+_DROPPED = frozenset({"st"})
 
 
-def guards(r: Any) -> int:
-    """Earlier versions kept a playbook's cooldown (a string with a TTL) and its budget (a sorted set of record
-    ids by time) in two keys per target; today both live in its guard hash (keys.guard). Folds every old pair
-    into the guard hash and deletes it, so an upgrade forgets no cooldown and no spent budget. Returns how many
-    old keys it folded."""
-    if r.exists(GUARDS_DONE):
+def playbook_states(r: Any) -> int:
+    """Earlier versions kept each alert's episode, a playbook's cooldown (a string with a TTL) and its budget (a
+    sorted set of record ids by time) in keys of their own; today they live in the playbook's state hash on
+    the target (keys.playbook_state). Folds every old key into it and deletes it, so an upgrade forgets no
+    open episode, no cooldown and no spent budget. Fields written since by this version win. Returns how
+    many old keys it folded."""
+    if r.exists(STATES_DONE):
         return 0
     now_ms = int(time.time() * 1000)
     folded = 0
-    for kind in ("cooldown", "budget"):
+    for kind in ("episode", "cooldown", "budget"):
         for key in r.scan_iter(match=f"{keys.PREFIX}{{*}}:{kind}:*", count=1000):
-            head, _, playbook = key.partition(f"}}:{kind}:")
-            guard = f"{head}}}:guard:{playbook}"
+            head, _, rest = key.partition(f"}}:{kind}:")
+            playbook, fingerprint = rest.rsplit(":", 1) if kind == "episode" else (rest, "")
+            state = f"{head}}}:playbook:{playbook}"
             ttl = r.pttl(key)
-            if ttl <= 0:
-                r.delete(key)
-                continue
-            have = r.hmget(guard, "cool", "runs")
-            if kind == "cooldown":
-                cool = max(int(have[0] or 0), now_ms + ttl)
-                r.hset(guard, "cool", cool)
-            else:
-                spent = (str(int(score)) for _, score in r.zrange(key, 0, -1, withscores=True))
-                runs = sorted({*(have[1] or "").split(), *spent})
-                r.hset(guard, "runs", " ".join(runs))
-            r.pexpire(guard, max(ttl, r.pttl(guard)))
+            if ttl > 0:
+                _fold(r, kind, key, state, fingerprint, now_ms + ttl)
+                r.pexpire(state, max(ttl, r.pttl(state)))
+                folded += 1
             r.delete(key)
-            folded += 1
-    r.set(GUARDS_DONE, "1")
+    r.set(STATES_DONE, "1")
     if folded:
-        log.info("folded %d cooldown and budget keys of an earlier version into guard hashes", folded)
+        log.info("folded %d episode, cooldown and budget keys of an earlier version into playbook states", folded)
     return folded
+
+
+def _fold(r: Any, kind: str, key: str, state: str, fingerprint: str, until_ms: int) -> None:
+    """One old key's content, written into the state where the state does not hold it already."""
+    have = r.hmget(state, "cool", "runs")
+    if kind == "cooldown":
+        r.hset(state, "cool", max(int(have[0] or 0), until_ms))
+    elif kind == "budget":
+        spent = (str(int(score)) for _, score in r.zrange(key, 0, -1, withscores=True))
+        r.hset(state, "runs", " ".join(sorted({*(have[1] or "").split(), *spent})))
+    else:
+        for name, value in r.hgetall(key).items():
+            if name not in _DROPPED:
+                r.hsetnx(state, keys.episode_fields(fingerprint, name)[0], value)

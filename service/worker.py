@@ -21,9 +21,8 @@ from typing import Any
 from gunicorn import http  # type: ignore[import-untyped]  # gunicorn ships no type hints
 from gunicorn.workers.gthread import TConn, ThreadWorker  # type: ignore[import-untyped]
 
-from trainmedic.client.settings import Settings
-
 from .errors import MAX_BODY
+from .settings import ServiceSettings
 
 WAIT, READY, BAD, TOO_LARGE, HEAD_TOO_LARGE = range(5)
 # gunicorn's own limits are per line (8190 bytes) and per count (100 fields); a whole header block or
@@ -186,7 +185,7 @@ class WholeRequestWorker(ThreadWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.deadline = Settings.from_env().request_deadline
+        self.deadline = ServiceSettings.from_env().request_deadline
         # Connections by the time they must be closed; both dicts hold them in that order, as every entry in
         # one dict gets the same delay from the time it was added.
         self.reading: dict[Conn, None] = {}

@@ -12,6 +12,7 @@ import torch
 from tests.conftest import AUTH, post_json, write_playbooks
 from tests.support.receiver import Receiver
 from tests.support.stack import Alertmanager
+from tests.support.jobs import episode
 from trainmedic.client import RemediationClient
 from trainmedic.client.trainer.detect import DetectSettings, Detector
 from trainmedic.client.wire import keys
@@ -257,7 +258,7 @@ def test_a_job_whose_step_stops_gets_training_hang_and_it_resolves_when_the_step
     r.set(keys.signals(t), f"13 {int(now * 1000)} 1.0 - - -")
     detections(app).scan_hangs(now + 2, force=True)
     assert r.zcard(keys.HUNG) == 0
-    ep = r.hgetall(keys.episode(t, "training-hang", fingerprint(labels_of(t, "TrainingHang"))))
+    ep = episode(r, t, "training-hang", fingerprint(labels_of(t, "TrainingHang")))
     assert ep.get("closed") and not ep.get("open")
 
 

@@ -51,7 +51,7 @@ def test_a_resend_refreshes_the_episode_and_heals_the_index(r) -> None:
     [first] = run(r, body)
     history.catch_up(r)
     r.zrem(keys.HISTORY, first.record_id)  # as if the index write was lost to a crash
-    ep = keys.episode(JOB, "loss-spike", "071ff15f8faead0f")
+    ep = keys.playbook_state(JOB, "loss-spike")
     r.pexpire(ep, 1000)
     [dup] = run(r, body)
     assert dup.status == "duplicate" and dup.record_id == first.record_id
@@ -67,7 +67,7 @@ def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
     assert h["a:1:spec"] and h["a:1:status"] == "skipped"
     assert r.xlen(keys.mailbox(JOB)) == 0
     # No cooldown was consumed by the dry run.
-    assert not r.exists(keys.guard(JOB, "loss-spike"))
+    assert set(r.hgetall(keys.playbook_state(JOB, "loss-spike"))) == {"071ff15f8faead0f|open", "071ff15f8faead0f|rid"}
 
 
 def test_a_resolved_alert_never_seen_firing_does_nothing(r) -> None:

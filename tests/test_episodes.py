@@ -10,6 +10,7 @@ import pytest
 from trainmedic.client.wire import keys, records
 
 from tests.conftest import post_json, write_playbooks
+from tests.support.jobs import episode
 
 NODE = "gpu-node-4"
 PLAYBOOKS = """
@@ -95,9 +96,9 @@ def test_a_firing_retry_that_arrives_after_its_resolve_is_a_duplicate(app: Any, 
     notify(http, "firing", T1, "GPUHotNoCooldown")
     notify(http, "resolved", T1, "GPUHotNoCooldown")
     assert notify(http, "firing", T1, "GPUHotNoCooldown") == []  # a delayed retry of the closed episode
-    episode = r.hgetall(keys.episode(keys.Target("node", NODE), "gpu-hot-again", "00000000000f1a90"))
-    assert episode["closed"] == "2026-11-22T01:00:00Z" and "open" not in episode
-    assert r.pttl(keys.episode(keys.Target("node", NODE), "gpu-hot-again", "00000000000f1a90")) > 24 * 3600 * 1000
+    ep = episode(r, keys.Target("node", NODE), "gpu-hot-again", "00000000000f1a90")
+    assert ep["closed"] == "2026-11-22T01:00:00Z" and "open" not in ep
+    assert r.pttl(keys.playbook_state(keys.Target("node", NODE), "gpu-hot-again")) > 24 * 3600 * 1000
 
 
 def test_an_earlier_start_from_a_second_prometheus_is_the_same_episode(app: Any, r: Any) -> None:

@@ -20,10 +20,11 @@ import pytest
 import redis
 import requests
 
-from trainmedic.client.settings import Settings, SettingsError
+from trainmedic.client.settings import SettingsError
 from trainmedic.service.cli.serve import add_person_lines
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service.people import People
+from trainmedic.service.settings import ServiceSettings
 
 from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, SIGNING_KEY, TOKEN, load_fixture, post_json
 
@@ -421,7 +422,7 @@ def test_a_tokens_file_with_a_bad_line_is_refused_naming_the_line(tmp_path: Path
     path = tmp_path / "operators.tokens"
     path.write_text(text)
     with pytest.raises(SettingsError) as caught:
-        People.from_settings(Settings(operator_tokens_file=str(path)))
+        People.from_settings(ServiceSettings(operator_tokens_file=str(path)))
     message = str(caught.value)
     assert message.startswith(f"TRAINMEDIC_OPERATOR_TOKENS_FILE {path}, line {line}: ") and words in message, message
     assert "\n" not in message and not [s for s in (ALICE, BOB, "short-token") if s in message]
@@ -497,18 +498,18 @@ def test_serve_says_how_to_add_a_person_and_its_command_works(tmp_path: Path, re
     assert not [s for s in (ALICE, OPERATOR) if s in "\n".join(lines)]  # tokens it was given are never printed
     # The printed command, as a person would paste it (with their own name), adds a good line to the file.
     subprocess.run(["bash", "-c", command.replace("alice", "carol")], check=True, timeout=30)
-    added = People.from_settings(Settings(operator_tokens_file=str(path), signing_key=SIGNING_KEY))
+    added = People.from_settings(ServiceSettings(operator_tokens_file=str(path), signing_key=SIGNING_KEY))
     assert added.names == ["operator:alice", "operator:carol"]
     carol = path.read_text().splitlines()[1].split()[1]
     assert added.operator(carol) == "operator:carol" and len(carol) >= 32
     # Without a tokens file yet, the lines name one in the data dir, and the command makes it for its owner only.
     data = tmp_path / "data"
-    first, command = add_person_lines(Settings(), data, 0).splitlines()
+    first, command = add_person_lines(ServiceSettings(), data, 0).splitlines()
     made = data / "operators.tokens"
     assert f"then set TRAINMEDIC_OPERATOR_TOKENS_FILE={made} and restart" in first
     subprocess.run(["bash", "-c", command], check=True, timeout=30)
     assert stat.S_IMODE(made.stat().st_mode) == 0o600
-    assert People.from_settings(Settings(operator_tokens_file=str(made))).names == ["operator:alice"]
+    assert People.from_settings(ServiceSettings(operator_tokens_file=str(made))).names == ["operator:alice"]
 
 
 def test_the_webhook_token_still_posts_webhooks_when_reads_need_a_token(make_app: Any, tokens_file: Path) -> None:

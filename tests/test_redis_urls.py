@@ -69,7 +69,7 @@ def test_the_core_flow_runs_on_a_redis_cluster(cluster: EmbeddedCluster) -> None
     # The record, the mailbox and the cursor of one target live in one hash slot.
     t = keys.Target("job", "llama-ft-01")
     slots = {redis.RedisCluster.from_url(cluster.url).keyslot(k)
-             for k in (keys.record(rec["id"]), keys.mailbox(t), keys.cursor(t), keys.episode(t, "p", "f"))}
+             for k in (keys.record(rec["id"]), keys.mailbox(t), keys.cursor(t), keys.playbook_state(t, "p"))}
     assert len(slots) == 1
 
 

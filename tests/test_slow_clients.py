@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import requests
 
-from trainmedic.client.settings import Settings, SettingsError
+from trainmedic.client.settings import SettingsError
 from trainmedic.client.wire import keys
+from trainmedic.service.settings import ServiceSettings
 
 from tests.conftest import AUTH, TOKEN, load_fixture
 
@@ -250,5 +251,5 @@ def test_the_app_refuses_a_chunked_body_over_1_mib_under_any_server(make_app: An
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "301"])
 def test_a_request_deadline_that_cannot_be_used_is_refused_in_one_sentence(value: str) -> None:
     with pytest.raises(SettingsError, match="TRAINMEDIC_REQUEST_DEADLINE must be a number of seconds"):
-        Settings.from_env({"TRAINMEDIC_REQUEST_DEADLINE": value})
-    assert Settings.from_env({}).request_deadline == 5.0
+        ServiceSettings.from_env({"TRAINMEDIC_REQUEST_DEADLINE": value})
+    assert ServiceSettings.from_env({}).request_deadline == 5.0

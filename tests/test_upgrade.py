@@ -1,4 +1,5 @@
-"""Redis data of an earlier version: its cooldown and budget keys are folded into guard hashes at start."""
+"""Redis data of an earlier version: its episode, cooldown and budget keys are folded into playbook states at
+start, so an upgrade neither decides an open episode again nor forgets a guard."""
 from __future__ import annotations
 
 import time
@@ -9,17 +10,30 @@ from trainmedic.service import upgrade
 from tests.conftest import load_fixture, post_json
 
 JOB = keys.Target("job", "llama-ft-01")
+FINGERPRINT = load_fixture("firing_single.json")["alerts"][0]["fingerprint"]
 
 
-def test_an_earlier_cooldown_still_holds_after_the_upgrade(r, make_app) -> None:
+def test_an_open_episode_and_a_cooldown_of_an_earlier_version_still_hold_after_the_upgrade(r, make_app) -> None:
     now_ms = int(time.time() * 1000)
+    old_episode = f"{keys.PREFIX}{JOB.tag}:episode:loss-spike:{FINGERPRINT}"
+    r.hset(old_episode, mapping={"open": "2026-11-22T01:25:24Z", "rid": "01JOLDRECORD0000000000000A", "st": "x"})
+    r.pexpire(old_episode, 86_400_000)
     old_cooldown = f"{keys.PREFIX}{JOB.tag}:cooldown:loss-spike"
     r.set(old_cooldown, "01OLD", px=300_000)
     app = make_app()
-    assert not r.exists(old_cooldown) and r.exists(upgrade.GUARDS_DONE)
-    cool = int(r.hget(keys.guard(JOB, "loss-spike"), "cool"))
-    assert now_ms + 290_000 < cool <= int(time.time() * 1000) + 300_000
-    [rem] = post_json(app.test_client(), "/webhook", load_fixture("firing_single.json")).json["remediations"]
+    assert not r.exists(old_cooldown) and not r.exists(old_episode) and r.exists(upgrade.STATES_DONE)
+    state = r.hgetall(keys.playbook_state(JOB, "loss-spike"))
+    assert now_ms + 290_000 < int(state["cool"]) <= int(time.time() * 1000) + 300_000
+    assert state[f"{FINGERPRINT}|open"] == "2026-11-22T01:25:24Z" and f"{FINGERPRINT}|st" not in state
+    assert r.pttl(keys.playbook_state(JOB, "loss-spike")) > 86_000_000
+    # The same alert again: the open episode's resend, not a new remediation.
+    http = app.test_client()
+    answer = post_json(http, "/webhook", load_fixture("firing_single.json")).json
+    assert answer["remediations"] == [] and answer["duplicates"] == 1
+    # Another alert of the playbook on the job: the cooldown of the earlier version holds it back.
+    other = load_fixture("firing_single.json")
+    other["alerts"][0]["fingerprint"] = "0123456789abcdef"
+    [rem] = post_json(http, "/webhook", other).json["remediations"]
     assert (rem["status"], rem["reason"]) == ("skipped", "cooldown")
 
 
@@ -29,11 +43,11 @@ def test_an_earlier_budget_is_merged_with_runs_made_since_and_keeps_its_ttl(r) -
     old_budget = f"{keys.PREFIX}{node.tag}:budget:gpu-temperature-high"
     r.zadd(old_budget, {"01A": now_ms - 5000, "01B": now_ms - 4000})
     r.pexpire(old_budget, 86_400_000)
-    guard = keys.guard(node, "gpu-temperature-high")
-    r.hset(guard, "runs", str(now_ms - 1000))  # a run decided after the upgrade, before the fold
-    r.pexpire(guard, 1000)
-    assert upgrade.guards(r) == 1
-    assert r.hget(guard, "runs").split() == [str(now_ms - 5000), str(now_ms - 4000), str(now_ms - 1000)]
-    assert r.pttl(guard) > 86_000_000 and not r.exists(old_budget)
+    state = keys.playbook_state(node, "gpu-temperature-high")
+    r.hset(state, "runs", str(now_ms - 1000))  # a run decided after the upgrade, before the fold
+    r.pexpire(state, 1000)
+    assert upgrade.playbook_states(r) == 1
+    assert r.hget(state, "runs").split() == [str(now_ms - 5000), str(now_ms - 4000), str(now_ms - 1000)]
+    assert r.pttl(state) > 86_000_000 and not r.exists(old_budget)
     r.zadd(old_budget, {"01C": now_ms})  # once done, later starts do not scan again
-    assert upgrade.guards(r) == 0 and r.exists(old_budget)
+    assert upgrade.playbook_states(r) == 0 and r.exists(old_budget)

@@ -12,7 +12,7 @@ from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.protocol import Command
 
 from tests.conftest import AUTH, TOKEN, load_fixture, post_json
-from tests.support.jobs import entry_command
+from tests.support.jobs import entry_command, episode
 
 
 def mailbox(r, kind: str, name: str) -> list:
@@ -96,8 +96,8 @@ def test_a_cooldown_skip_and_its_episode_keep_only_what_they_need(http, r) -> No
     assert [a["status"] for a in shown["actions"]] == ["skipped"] * len(shown["actions"])
     # The episode keeps its record's 26-character head (the target is its key's); a resend is a duplicate
     # (test_dispatch: its answer names the whole id).
-    episode = r.hgetall(keys.episode(keys.Target("job", "llama-ft-01"), "loss-spike", "0123456789abcdef"))
-    assert episode == {"open": "2026-11-22T01:25:24Z", "rid": skip["id"][:26]}
+    ep = episode(r, keys.Target("job", "llama-ft-01"), "loss-spike", "0123456789abcdef")
+    assert ep == {"open": "2026-11-22T01:25:24Z", "rid": skip["id"][:26]}
     again = post_json(http, "/webhook", body).json
     assert again["duplicates"] == 1 and again["remediations"] == []
     assert r.hget(keys.record(first["id"]), "status") == "dispatched"

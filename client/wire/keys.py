@@ -100,9 +100,16 @@ def record(record_id: str) -> str:
     return record_prefix(target_of_record(record_id)) + record_id
 
 
-def episode(t: Target, playbook: str, fingerprint: str) -> str:
-    """Hash: the alert's open episode, its latest closed one (a tombstone) and its held records."""
-    return f"{PREFIX}{t.tag}:episode:{playbook}:{fingerprint}"
+def playbook_state(t: Target, playbook: str) -> str:
+    """Hash: a playbook's state on a target: its guards (`cool`: ms until which it cools down; `runs`: when it
+    dispatched within its max_runs window, space-separated) and each alert's episode (episode_fields)."""
+    return f"{PREFIX}{t.tag}:playbook:{playbook}"
+
+
+def episode_fields(fingerprint: str, *names: str) -> list[str]:
+    """The fields of an alert's episode in its playbook's state: its open episode's start and record, its
+    latest closed one (a tombstone), its held records, and the resolve it last saw."""
+    return [f"{fingerprint}|{name}" for name in names]
 
 
 def obligation(t: Target, playbook: str, fingerprint: str) -> str:
@@ -123,12 +130,6 @@ def due_items(t: Target) -> str:
 def ledger(t: Target) -> str:
     """List: the job's applied scale_lr / set_lr, oldest first, for resumes (Guarantees 5)."""
     return f"{PREFIX}{t.tag}:ledger"
-
-
-def guard(t: Target, playbook: str) -> str:
-    """Hash: the playbook's guards on the target: `cool` (ms until which it cools down) and `runs` (the times it
-    dispatched within its max_runs window, space-separated)."""
-    return f"{PREFIX}{t.tag}:guard:{playbook}"
 
 
 def ack_stats(t: Target) -> str:

@@ -100,10 +100,10 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def _command_encoder() -> Callable[[Any], str]:
-    """The encoder of the bytes the service signs: orjson where it is installed (the service's extra brings
-    it; a command is signed once and read back as the exact bytes stored, so only their parse matters), else
-    dumps. Commands hold only values checked finite when their playbook or request was read."""
+def _compact_encoder() -> Callable[[Any], str]:
+    """compact_json: orjson where it is installed (the service's extra brings it), else dumps. For text that is
+    written once and parsed back, never compared with another encoding: the bytes a command is signed over,
+    the alert a record keeps. Both hold only values checked finite when their playbook or request was read."""
     try:
         import orjson
     except ImportError:
@@ -111,7 +111,7 @@ def _command_encoder() -> Callable[[Any], str]:
     return lambda value: orjson.dumps(value).decode()
 
 
-command_json = _command_encoder()
+compact_json = _compact_encoder()
 
 
 def finite(value: Any) -> Any:
@@ -175,7 +175,7 @@ class Command:
 
     def to_json(self) -> str:
         """The exact bytes the service signs (as text)."""
-        return command_json({
+        return compact_json({
             "v": self.v, "record_id": self.record_id, "kind": self.kind, "target": self.target,
             "actions": [{"index": a.index, "action": a.action, "params": a.params, **({"optional": True}
                          if a.optional else {})} for a in self.actions],

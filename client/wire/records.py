@@ -2,8 +2,8 @@
 
 A record is one Redis hash in its target's hash slot. Every writer goes through a Lua script of
 `lua/` (each names its KEYS and ARGV at the top), called through the typed wrappers below; a reader parses
-the hash once into a `StoredRecord` (its `as_dict()` is the contract's record). The OpenAPI schema is derived
-from `SCHEMA`.
+the hash once into a `StoredRecord` (its `view()` is the contract's record, a `RecordView`). The OpenAPI
+schema, `SCHEMA`, is derived from the view's types.
 """
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from enum import StrEnum
 from functools import cache, cached_property
 from hashlib import sha1
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 from collections.abc import Callable, Iterable, Mapping
 
 from . import keys
-from .protocol import Ack, dumps, fence, rfc3339
+from .protocol import Ack, compact_json, dumps, fence, rfc3339
 from .redis import GuardedScript, is_cluster
+from .views import TIME, View, schema_of, shown, sometimes
 
 
 # Statuses, outcomes and reasons are StrEnums: a member equals its string, so what Redis and JSON hold is the
@@ -238,7 +239,7 @@ def stored_alert(alert: dict[str, Any]) -> str:
     labels = d.get("labels")
     if isinstance(labels, dict) and d.get("alertname") and labels.get("alertname") == d["alertname"]:
         d["labels"] = {k: v for k, v in labels.items() if k != "alertname"}
-    return dumps(d)
+    return compact_json(d)
 
 
 def alert_second(starts_at: str) -> str:
@@ -280,6 +281,12 @@ class Step:
         if self.when:
             d["when"] = self.when
         return dumps(d)
+
+
+def state_ttl(episode_ttl: float, cooldown: float, budget_window: float) -> float:
+    """How long a playbook's state on a target (keys.playbook_state) lives after a write: as long as the
+    longest of its episodes' tombstones, its cooldown and its budget's window."""
+    return max(episode_ttl, cooldown, budget_window)
 
 
 # Actions decided before anything is sent: (index, status, reason, message) each.
@@ -345,12 +352,16 @@ class NewRecord:
     sealer: Callable[[bytes], str] | None = None
 
     @property
+    def state_ttl(self) -> float:
+        return state_ttl(self.episode_ttl, self.cooldown, self.budget[1])
+
+    @property
     def later(self) -> float:
         """When a dispatched or held record is next due, unless something needs the reconciler sooner."""
         return self.now + min(self.expire_after, self.approval_timeout, self.obligation_due)
 
     def keys_block(self, cluster: bool) -> tuple[list[str], list[Any]]:
-        """DECIDE's nine KEYS and its ARGV block, by position (lua/decide.lua names each)."""
+        """DECIDE's eight KEYS and its ARGV block, by position (lua/decide.lua names each)."""
         t = self.target
         now_ms = ms(self.now)
         # The record's created_at is created_ms as RFC 3339 (derived on read, like its id and target).
@@ -394,11 +405,12 @@ class NewRecord:
             dumps(early_arg(self.early)) if self.early else "", int(self.no_live), int(self.defer),
             int(self.check_reach), " ".join(self.need), t.label, int(self.visit_now), ms(self.later),
             repr(self.now + self.approval_timeout), "" if self.verify is None else ms(self.verify),
+            self.fingerprint, ms(self.state_ttl),
         ]
         for kv in fields.items():
             block += kv
-        ks = [keys.record(self.rid), keys.mailbox(t), keys.episode(t, self.playbook, self.fingerprint),
-              keys.guard(t, self.playbook), keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
+        ks = [keys.record(self.rid), keys.mailbox(t), keys.playbook_state(t, self.playbook),
+              keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
         # The ladder's previous record (mode stage), else the record again (DECIDE reads it only in a stage).
         ks.append(keys.record(self.prev) if self.prev else ks[0])
         ks.append(keys.metrics(t, cluster))
@@ -469,8 +481,9 @@ def approve_call(scripts: Scripts, rid: str, *, verb: str, now: float, by: str, 
             "maxlen": maxlen, "channel": keys.wake_channel(t), "command": command, "signature": signature,
             "expires_ms": int(expires_at * 1000), "undo": int(undo and firing),
             "ob_member": keys.obligation_member(playbook, fingerprint),
-            "ob_due_ms": int((now + obligation_due) * 1000), "episode_ttl_ms": int(episode_ttl * 1000), "rid": rid}
-    ks = [keys.record(rid), keys.mailbox(t), keys.episode(t, playbook, fingerprint),
+            "ob_due_ms": int((now + obligation_due) * 1000), "episode_ttl_ms": int(episode_ttl * 1000), "rid": rid,
+            "holds": keys.episode_fields(fingerprint, "holds")[0]}
+    ks = [keys.record(rid), keys.mailbox(t), keys.playbook_state(t, playbook),
           keys.obligation(t, playbook, fingerprint), keys.due_items(t), keys.metrics(t, scripts.cluster)]
     return scripts.approve, ks, [dumps(args)]
 
@@ -588,24 +601,21 @@ def loads_or(text: str | None, default: Any = None) -> Any:
     return json.loads(text) if text else default
 
 
-def actions_of(h: Mapping[str, Any]) -> list[dict[str, Any]]:
+def actions_of(h: Mapping[str, Any]) -> list[ActionView]:
     """The record's actions, as the contract shows them."""
     out = []
+    get = h.get
     # A record DECIDE skipped does not store its actions' statuses: each is skipped too.
-    usual = ActionStatus.SKIPPED if h.get("status") == RecordStatus.SKIPPED else ActionStatus.PENDING
-    for i in range(int(h.get("n") or 0)):
+    usual = ActionStatus.SKIPPED if get("status") == RecordStatus.SKIPPED else ActionStatus.PENDING
+    for i in range(int(get("n") or 0)):
         spec = json.loads(h[f"a:{i}:spec"])
-        a: dict[str, Any] = {
-            "action": spec["action"], "params": spec["params"], "status": h.get(f"a:{i}:status", usual),
-            "reason": h.get(f"a:{i}:reason") or None, "result": loads_or(h.get(f"a:{i}:result")),
-            "acked_at": h.get(f"a:{i}:acked_at") or None, "acked_by": h.get(f"a:{i}:acked_by") or None,
-            "reapplied": loads_or(h.get(f"a:{i}:reapplied"), []),
-        }
-        if spec.get("optional"):
-            a["optional"] = True
-        if spec.get("when"):
-            a["when"] = spec["when"]
-        out.append(a)
+        p = f"a:{i}:"
+        out.append(ActionView(
+            action=spec["action"], params=spec["params"], status=get(p + "status", usual),
+            reason=get(p + "reason") or None, result=loads_or(get(p + "result")),
+            acked_at=get(p + "acked_at") or None, acked_by=get(p + "acked_by") or None,
+            reapplied=loads_or(get(p + "reapplied"), []), optional=True if spec.get("optional") else None,
+            when=spec.get("when") or None))
     return out
 
 
@@ -713,29 +723,38 @@ class StoredRecord:
         at = self.raw.get(f"a:{i}:acked_at")
         return str(at) if at else None
 
-    def as_dict(self) -> dict[str, Any]:
-        """The contract's record."""
+    def view(self) -> RecordView:
+        """The contract's record, typed."""
         h = self.raw
-        rec: dict[str, Any] = {
-            "id": h["id"], "created_at": h["created_at"], "playbook": h["playbook"], "status": h["status"],
-            "reason": self.reason, "alert": self.alert,
-            "target": json.loads(h["target"]) if "target" in h else self.target.as_dict(),
-            "actions": actions_of(h), "requested_by": h.get("requested_by") or None,
-            "approved_by": h.get("approved_by") or None, "approved_at": h.get("approved_at") or None,
-            "rejected_by": h.get("rejected_by") or None, "rejected_at": h.get("rejected_at") or None,
-            "approval_comment": h.get("approval_comment") or None, "outcome": self.outcome,
-            "escalation": {"stage": self.stage, "parent": self.parent, "next": self.next},
-            "silence_id": h.get("silence_id") or None, "silence_error": h.get("silence_error") or None,
-        }
-        if h.get("detail"):
-            rec["detail"] = h["detail"]
-        if self.mode in (Mode.RESOLVED, Mode.TIMEOUT):
-            rec["on_resolved"] = True
-        if h.get("approve_by") and self.status == RecordStatus.PENDING_APPROVAL:
-            rec["approval_expires_at"] = rfc3339(int(h["approve_by"]) / 1000)
-        if h.get("expires_ms") and self.status == RecordStatus.DISPATCHED:
-            rec["expires_at"] = rfc3339(int(h["expires_ms"]) / 1000)
-        return rec
+        get = h.get
+        if "target" in h:  # written before records left their target to their id
+            t = json.loads(h["target"])
+            target = keys.Target(t["kind"], t["name"] or "")
+        else:
+            target = self.target
+        status = h["status"]
+        outcome = self.outcome
+        return RecordView(
+            id=h["id"], created_at=h["created_at"], playbook=h["playbook"], status=status, reason=self.reason,
+            alert=AlertView.of(self.alert), target=target, actions=actions_of(h),
+            requested_by=get("requested_by") or None, approved_by=get("approved_by") or None,
+            approved_at=get("approved_at") or None, rejected_by=get("rejected_by") or None,
+            rejected_at=get("rejected_at") or None, approval_comment=get("approval_comment") or None,
+            outcome=None if outcome is None else OutcomeView(
+                status=outcome["status"], resolved_at=outcome.get("resolved_at"),
+                time_to_resolve_s=outcome.get("time_to_resolve_s")),
+            escalation=Escalation(stage=self.stage, parent=self.parent, next=self.next),
+            silence_id=get("silence_id") or None, silence_error=get("silence_error") or None,
+            detail=get("detail") or None,
+            on_resolved=True if self.mode in (Mode.RESOLVED, Mode.TIMEOUT) else None,
+            approval_expires_at=rfc3339(int(h["approve_by"]) / 1000)
+            if get("approve_by") and status == RecordStatus.PENDING_APPROVAL else None,
+            expires_at=rfc3339(int(h["expires_ms"]) / 1000)
+            if get("expires_ms") and status == RecordStatus.DISPATCHED else None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The contract's record (RecordView's JSON)."""
+        return self.view().as_dict()
 
 
 def get(r: Any, record_id: str) -> dict[str, Any] | None:
@@ -787,87 +806,101 @@ def drop_mark(r: Any, record_id: str, name: str) -> None:
     r.hdel(keys.record(record_id), name)
 
 
-# -- the shape, for the OpenAPI description --------------------------------------------------------------
+# -- the record as the API shows it, and its OpenAPI schema --------------------------------------------------
+# StoredRecord.as_dict builds a RecordView; SCHEMA is derived from the same classes (views.schema_of), so the
+# published schema says exactly what the record holds. Enum-typed fields hold the stored string (a member equals
+# its value): a hash someone rewrote is still shown as it is.
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "nullable": True}
+@dataclass(frozen=True)
+class AlertView(View):
+    """The alert a record answers (capped_alert: annotations cut to a few KB)."""
+
+    alertname: str
+    status: Literal["firing", "resolved"]
+    fingerprint: str
+    starts_at: str
+    ends_at: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    generator_url: str
+    truncated: bool = shown(description="true when annotations were cut to a few KB")
+
+    @classmethod
+    def of(cls, alert: Mapping[str, Any]) -> AlertView:
+        """The view of an alert as shown_alert gives it (a record without one shows empty values)."""
+        get = alert.get
+        return cls(alertname=get("alertname", ""), status=get("status", "firing"),
+                   fingerprint=get("fingerprint", ""), starts_at=get("starts_at", ""),
+                   ends_at=get("ends_at", NOT_ENDED), labels=get("labels", {}), annotations=get("annotations", {}),
+                   generator_url=get("generator_url", ""), truncated=get("truncated", False))
 
 
-_STR = {"type": "string"}
-_TIME = {"type": "string", "format": "date-time"}
-_OBJ = {"type": "object", "additionalProperties": True}
+@dataclass(frozen=True)
+class ActionView(View):
+    """One action of a record: what was asked, and how its applier answered."""
+
+    action: str = shown(example="scale_lr")
+    params: dict[str, Any]
+    status: ActionStatus
+    reason: str | None = shown(description=f"{', '.join(ActionReason)}, or the applier's own (no_cuda, ...)")
+    result: dict[str, Any] | None = shown(
+        description='What the applier reported, e.g. {"old_lr": [..], "new_lr": [..], "step": 1234}')
+    acked_at: str | None = shown(**TIME)
+    acked_by: str | None = shown(description="host:pid[:rank]")
+    reapplied: list[dict[str, Any]] = shown(description="Each time a resumed or rolled-back job applied it again")
+    optional: bool | None = sometimes()
+    when: str | None = sometimes()
+
+
+@dataclass(frozen=True)
+class OutcomeView(View):
+    """Whether the remediation worked (Outcome), and when its alert resolved."""
+
+    status: Outcome
+    resolved_at: str | None = shown(**TIME)
+    time_to_resolve_s: float | None
+
+
+@dataclass(frozen=True)
+class Escalation(View):
+    """The record's place in its escalation ladder."""
+
+    stage: int = shown(minimum=0)
+    parent: str | None
+    next: str | None
+
+
+@dataclass(frozen=True)
+class RecordView(View):
+    """A remediation record, as GET /remediations/{id} and the history show it (README: HTTP API, a record)."""
+
+    id: str = shown(pattern=keys.RECORD_ID_RE.pattern.replace("\\Z", "$"))
+    created_at: str = shown(**TIME)
+    playbook: str
+    status: RecordStatus
+    reason: str | None = shown(description=f"Why it was skipped or expired: {', '.join(Reason)}, ...")
+    alert: AlertView
+    target: keys.Target
+    actions: list[ActionView]
+    # A person acting with their own operator token is recorded as operator:NAME.
+    requested_by: str | None = shown(pattern=f"^({'|'.join(Requester)}|operator:[A-Za-z0-9_.@-]{{1,64}})$")
+    approved_by: str | None
+    approved_at: str | None = shown(**TIME)
+    rejected_by: str | None
+    rejected_at: str | None = shown(**TIME)
+    approval_comment: str | None
+    outcome: OutcomeView | None
+    escalation: Escalation
+    silence_id: str | None
+    silence_error: str | None
+    detail: str | None = sometimes()
+    on_resolved: bool | None = sometimes(description="true for the on_resolved actions of a resolved alert")
+    approval_expires_at: str | None = sometimes(**TIME)
+    expires_at: str | None = sometimes(**TIME)
+
+
+# The record's components, by the names the OpenAPI document gives them; a Target is described beside the
+# operations (service/web/openapi.py), which show targets elsewhere too.
+COMPONENTS: dict[type, str] = {ActionView: "RecordAction", RecordView: "Record", AlertView: "RecordAlert"}
 SCHEMA: dict[str, dict[str, Any]] = {
-    "RecordAction": {
-        "type": "object",
-        "required": ["action", "params", "status", "reason", "result", "acked_at", "acked_by", "reapplied"],
-        "properties": {
-            "action": {"type": "string", "example": "scale_lr"},
-            "params": _OBJ,
-            "status": {"type": "string", "enum": values(ActionStatus)},
-            "reason": _nullable({**_STR, "description": f"{', '.join(ActionReason)}, or the applier's own "
-                                                        "(no_cuda, ...)"}),
-            "result": _nullable({**_OBJ, "description": 'What the applier reported, e.g. {"old_lr": [..], '
-                                                        '"new_lr": [..], "step": 1234}'}),
-            "acked_at": _nullable(_TIME),
-            "acked_by": _nullable({**_STR, "description": "host:pid[:rank]"}),
-            "reapplied": {"type": "array", "items": _OBJ,
-                          "description": "Each time a resumed or rolled-back job applied it again"},
-            "optional": {"type": "boolean"},
-            "when": {"type": "string"},
-        },
-    },
-    "Record": {
-        "type": "object",
-        "required": ["id", "created_at", "playbook", "status", "reason", "alert", "target", "actions",
-                     "requested_by", "approved_by", "approved_at", "rejected_by", "rejected_at",
-                     "approval_comment", "outcome", "escalation", "silence_id", "silence_error"],
-        "properties": {
-            "id": {"type": "string", "pattern": keys.RECORD_ID_RE.pattern.replace("\\Z", "$")},
-            "created_at": _TIME,
-            "playbook": _STR,
-            "status": {"type": "string", "enum": values(RecordStatus)},
-            "reason": _nullable({**_STR, "description": f"Why it was skipped or expired: {', '.join(Reason)}, ..."}),
-            "detail": _STR,
-            "on_resolved": {"type": "boolean", "description": "true for the on_resolved actions of a resolved alert"},
-            "approval_expires_at": _TIME,
-            "expires_at": _TIME,
-            "alert": {"$ref": "#/components/schemas/RecordAlert"},
-            "target": {"$ref": "#/components/schemas/Target"},
-            "actions": {"type": "array", "items": {"$ref": "#/components/schemas/RecordAction"}},
-            # A person acting with their own operator token is recorded as operator:NAME.
-            "requested_by": _nullable({"type": "string",
-                                       "pattern": f"^({'|'.join(Requester)}|operator:[A-Za-z0-9_.@-]{{1,64}})$"}),
-            "approved_by": _nullable(_STR),
-            "approved_at": _nullable(_TIME),
-            "rejected_by": _nullable(_STR),
-            "rejected_at": _nullable(_TIME),
-            "approval_comment": _nullable(_STR),
-            "outcome": _nullable({
-                "type": "object", "required": ["status"],
-                "properties": {"status": {"type": "string", "enum": values(Outcome)},
-                               "resolved_at": _nullable(_TIME),
-                               "time_to_resolve_s": _nullable({"type": "number"})}}),
-            "escalation": {"type": "object", "required": ["stage", "parent", "next"],
-                           "properties": {"stage": {"type": "integer", "minimum": 0},
-                                          "parent": _nullable(_STR), "next": _nullable(_STR)}},
-            "silence_id": _nullable(_STR),
-            "silence_error": _nullable(_STR),
-        },
-    },
-    "RecordAlert": {
-        "type": "object",
-        "required": ["alertname", "status", "fingerprint", "starts_at", "labels", "annotations", "generator_url",
-                     "truncated"],
-        "properties": {
-            "alertname": _STR,
-            "status": {"type": "string", "enum": ["firing", "resolved"]},
-            "fingerprint": _STR,
-            "starts_at": _STR,
-            "ends_at": _STR,
-            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-            "generator_url": _STR,
-            "truncated": {"type": "boolean", "description": "true when annotations were cut to a few KB"},
-        },
-    },
-}
+    name: schema_of(cls, {**COMPONENTS, keys.Target: "Target"}) for cls, name in COMPONENTS.items()}

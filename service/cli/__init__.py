@@ -4,8 +4,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from trainmedic.client.settings import Settings, SettingsError
+from trainmedic.client.settings import SettingsError
 
+from ..settings import ServiceSettings
 from . import agent, approve, check, credentials, history, match, send, serve, show
 from .common import CliError, Parser
 
@@ -37,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure is one line on stderr and a non-zero exit, never a traceback."""
     args = parser().parse_args(argv)
     try:
-        settings = Settings.from_env()
+        # A command reads the settings it names (`agent`: the client's only), else the service's.
+        settings = getattr(args, "reads", ServiceSettings).from_env()
         if args.command in ("serve", "agent"):
             # Long-running commands log as JSON lines; the others print for people.
             from trainmedic.client.logs import setup

@@ -27,7 +27,8 @@ def add(sub: Any) -> None:
     a.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
     a.add_argument("--insecure-unsigned", action="store_true",
                    help="run without TRAINMEDIC_VERIFY_KEY, applying unsigned commands (never in production)")
-    a.set_defaults(run=run)
+    # The agent runs on GPU nodes: it reads the client's settings only, so no service setting can stop it.
+    a.set_defaults(run=run, reads=Settings)
 
 
 def state_dir(given: str | None) -> Path:

@@ -8,8 +8,7 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from trainmedic.client.settings import Settings
-
+from ..settings import ServiceSettings
 from .common import UsageError, api, call, need, operator_token
 
 
@@ -55,7 +54,7 @@ def outcome(rec: dict) -> list[str]:
     return lines
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need(args.verb, "requests")
     if not args.yes and not sys.stdin.isatty():
         raise UsageError(f"{args.verb} asks for confirmation on a terminal: pass --yes to {args.verb} without it")

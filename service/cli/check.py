@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainmedic.client.settings import Settings
-
+from ..settings import ServiceSettings
 from .common import need
 
 
@@ -15,7 +14,7 @@ def add(sub: Any) -> None:
     c.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("check", "yaml")
     from trainmedic.service.rules.playbooks import SHIPPED, check, files_of, is_warning
 

@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from typing import Any, NoReturn
 
-from trainmedic.client.settings import Settings
+from ..settings import ServiceSettings
 
 # Which extra brings each third-party module a command needs.
 EXTRA_OF = {"flask": "service", "gunicorn": "service", "yaml": "service", "prometheus_client": "service",
@@ -45,14 +45,14 @@ def need(command: str, *modules: str) -> None:
                            f"pip install 'trainmedic[{extra}]'")
 
 
-def api(settings: Settings, url: str | None, token: str | None = None) -> Any:
+def api(settings: ServiceSettings, url: str | None, token: str | None = None) -> Any:
     """The service's HTTP API at --url (else TRAINMEDIC_URL), with the operator token when given."""
     from trainmedic.service.http import Http
 
     return Http(url or settings.url, token=token, timeout=10.0)
 
 
-def operator_token(settings: Settings) -> str:
+def operator_token(settings: ServiceSettings) -> str:
     """TRAINMEDIC_OPERATOR_TOKEN (or _FILE); people's writes need it."""
     if not settings.operator_token:
         raise CliError("set TRAINMEDIC_OPERATOR_TOKEN (or TRAINMEDIC_OPERATOR_TOKEN_FILE): `trainmedic serve` "
@@ -60,7 +60,7 @@ def operator_token(settings: Settings) -> str:
     return settings.operator_token
 
 
-def read_token(settings: Settings) -> str | None:
+def read_token(settings: ServiceSettings) -> str | None:
     """What reads send: TRAINMEDIC_READ_TOKEN, else the operator token, else none (reads may be open)."""
     return settings.read_token or settings.operator_token or None
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainmedic.client.settings import Settings
 from trainmedic.client.wire.keys import TARGET_NAME_RE, Target
 
+from ..settings import ServiceSettings
 from .common import CliError, UsageError
 
 
@@ -18,7 +18,7 @@ def add(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     import redis
 
     from trainmedic.client.wire.redis import connect, redis_url

@@ -6,8 +6,7 @@ import json
 import time
 from typing import Any
 
-from trainmedic.client.settings import Settings
-
+from ..settings import ServiceSettings
 from .common import UsageError, api, call, need, read_token
 
 FOLLOW_SECONDS = 2.0
@@ -50,7 +49,7 @@ class Table:
         return "  ".join([c.ljust(w) for c, w in zip(row[:-1], self.widths)] + [row[-1]])
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("history", "requests")
     if not 1 <= args.limit <= 500:
         raise UsageError("--limit must be from 1 to 500")

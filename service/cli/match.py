@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmedic.client.settings import Settings
-
+from ..settings import ServiceSettings
 from .common import CliError, UsageError, need
 
 # The webhook refuses a larger body (413), so a larger payload is not one trainmedic would ever decide.
@@ -81,7 +80,7 @@ def lines(group: Any, playbooks: list[Any]) -> list[str]:
     return out
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("match", "yaml")
     from trainmedic.service.errors import BadRequest
     from trainmedic.service.rules.alerts import parse_group

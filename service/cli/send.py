@@ -9,11 +9,11 @@ import re
 import time
 from typing import Any
 
-from trainmedic.client.settings import Settings
 from trainmedic.client.wire.actions import CATALOGUE, ParamError
 from trainmedic.client.wire.records import RecordStatus
 from trainmedic.client.wire.keys import TARGET_NAME_RE
 
+from ..settings import ServiceSettings
 from .common import CliError, UsageError, api, call, need, operator_token
 
 _INT = re.compile(r"^[+-]?[0-9]+\Z")
@@ -90,7 +90,7 @@ def parse(args: argparse.Namespace) -> dict:
     return params
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("send", "requests")
     params = parse(args)
     if args.wait < 0 or not math.isfinite(args.wait):
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     raise CliError(_why_not(rec, args, http, settings))
 
 
-def _why_not(rec: dict, args: argparse.Namespace, http: Any, settings: Settings) -> str:
+def _why_not(rec: dict, args: argparse.Namespace, http: Any, settings: ServiceSettings) -> str:
     """One line: why the command did not end applied."""
     action = rec["actions"][0] if rec.get("actions") else {}
     if rec["status"] in FINAL:

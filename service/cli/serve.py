@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainmedic.client.settings import Settings
 from trainmedic.client.wire.keys import TARGET_NAME_RE
 
 from ..hosts import loopback
+from ..settings import ServiceSettings
 from .common import CliError, UsageError, need
 
 RECEIVER_SNIPPET = """\
@@ -58,7 +58,7 @@ def node_name() -> str:
     return name if TARGET_NAME_RE.match(name) else "localhost"
 
 
-def _check_args(args: argparse.Namespace, settings: Settings) -> None:
+def _check_args(args: argparse.Namespace, settings: ServiceSettings) -> None:
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
     for flag, port in (("--port", args.port), ("--redis-port", args.redis_port)):
@@ -72,7 +72,7 @@ def _check_args(args: argparse.Namespace, settings: Settings) -> None:
                        "Alertmanager use to reach the service (comma-separated)")
 
 
-def _secrets(data: Path, settings: Settings) -> tuple[Settings, dict[str, str]]:
+def _secrets(data: Path, settings: ServiceSettings) -> tuple[ServiceSettings, dict[str, str]]:
     """The operator token and signing key: from the environment, else made once into the data dir (0600)."""
     from trainmedic.client.wire.signing import SigningError, Signer
     from trainmedic.service.embedded_redis import secret_file
@@ -100,7 +100,7 @@ def _port_free(host: str, port: int) -> None:
         raise CliError(f"port {port} on {host} is in use: stop what listens there, or choose another with --port")
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("serve", "flask", "gunicorn", "yaml", "prometheus_client", "cryptography")
     from trainmedic.client.wire.signing import Signer
     from trainmedic.service.embedded_redis import DEFAULT_PORT, EmbeddedRedis, secret_file
@@ -151,14 +151,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return supervise(procs, embedded, stop)
 
 
-def _people(settings: Settings) -> int:
+def _people(settings: ServiceSettings) -> int:
     """Check the tokens files before anything starts (a bad line is one sentence naming it); how many people."""
     from trainmedic.service.people import People
 
     return len(People.from_settings(settings).names)
 
 
-def add_person_lines(settings: Settings, data: Path, named: int) -> str:
+def add_person_lines(settings: ServiceSettings, data: Path, named: int) -> str:
     """The banner's two lines on adding a person: their own operator token, recorded as operator:NAME."""
     from trainmedic.service.people import MAKE_TOKEN
 
@@ -210,8 +210,8 @@ def _agent(args: argparse.Namespace, node: str, env: dict[str, str], verify_key:
     return subprocess.Popen(cmd, env=agent_env)
 
 
-def _announce(args: argparse.Namespace, settings: Settings, url: str, embedded: bool, data: Path, verify_key: str,
-              node: str, token_made: bool = True, named: int = 0) -> None:
+def _announce(args: argparse.Namespace, settings: ServiceSettings, url: str, embedded: bool, data: Path,
+              verify_key: str, node: str, token_made: bool = True, named: int = 0) -> None:
     shown = args.host if args.host not in ("0.0.0.0", "::") else socket.getfqdn()
     where = f", embedded, data in {data / 'redis'}" if embedded else ""
     agent = f", local agent for node {node}" if not args.no_agent else ""

@@ -6,8 +6,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from trainmedic.client.settings import Settings
-
+from ..settings import ServiceSettings
 from .common import api, call, need, read_token
 from .history import target
 
@@ -89,7 +88,7 @@ def lines(rec: dict) -> list[str]:
     return out
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
+def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("show", "requests")
     http = api(settings, args.url, read_token(settings))
     # The service resolves a prefix: unknown or ambiguous, it answers 404 or 400 (one line, exit 2).

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
 from collections.abc import Mapping, Sequence
 
-from trainmedic.client.settings import DEFAULT_ALERTMANAGER_TRUST_AFTER
 from trainmedic.client.wire.protocol import parse_rfc3339
 
 from ..http import Http, HttpError
+from ..settings import DEFAULT_ALERTMANAGER_TRUST_AFTER
 
 log = logging.getLogger("trainmedic.alertmanager")
 

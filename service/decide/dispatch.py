@@ -78,6 +78,25 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Draft:
+    """A decision's record before its command is signed (Dispatcher._draft), so that a notification's commands
+    can share one signature."""
+
+    decision: Decision
+    now: float
+    rid: str
+    early: records.Early
+    send: tuple[tuple[int, Step], ...]
+    defer: bool
+    command: str  # the command's exact bytes, as text ("" when nothing goes out now)
+    reach: Reach | None
+    check_reach: bool
+    prev: str
+    parent: str
+    extra: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class Reach:
     """What a target's heartbeat says: whether a process is live, and the actions it can apply."""
 
@@ -172,12 +191,9 @@ class Dispatcher:
                     "allows, so this one was not dispatched.")))
         # DECIDE reads each target's heartbeat itself; a pair whose command does not fit it comes back
         # 'reach' (nothing written) and is decided again below with the heartbeat read here.
-        news = [self.new_record(d, now, check_reach=bool(d.steps and not d.resolution.reason and d.target.name),
-                                rid=rids.get(i, ""), sign=False) for i, d in enumerate(decisions)]
         # One Ed25519 signature for the notification's commands (Signer.sign_many): each still verifies alone.
-        todo = [i for i, n in enumerate(news) if n.command]
-        for i, sig in zip(todo, self.signer.sign_many([news[i].command.encode() for i in todo])):
-            news[i] = replace(news[i], signature=sig)
+        news = self.new_records([self._draft(d, now, rid=rids.get(i, ""), check_reach=bool(
+            d.steps and not d.resolution.reason and d.target.name)) for i, d in enumerate(decisions)])
         answers = self._run(news)
         again = [i for i, a in enumerate(answers) if str(a[0]) == "reach"]
         if again:
@@ -242,40 +258,54 @@ class Dispatcher:
 
     def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
-                   check_reach: bool = False, rid: str = "", sign: bool = True) -> records.NewRecord:
+                   check_reach: bool = False, rid: str = "") -> records.NewRecord:
         """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder, or the
         node record a checkpoint belongs to); check_reach: made with every step, for DECIDE to check against
-        the heartbeat; rid: the record's id when the caller chose it already; sign False: the caller signs the
-        command (with others)."""
-        pb, s, target = d.playbook, self.settings, d.target
+        the heartbeat; rid: the record's id when the caller chose it already."""
+        draft = self._draft(d, now, prev, parent, extra, reach, check_reach, rid)
+        return self._record(draft, self.signer.sign(draft.command.encode()) if draft.command else "")
+
+    def new_records(self, drafts: list[Draft]) -> list[records.NewRecord]:
+        """The records of several drafts, their commands signed with one signature (Signer.sign_many)."""
+        sigs = iter(self.signer.sign_many([x.command.encode() for x in drafts if x.command]))
+        return [self._record(x, next(sigs) if x.command else "") for x in drafts]
+
+    def _draft(self, d: Decision, now: float, prev: str = "", parent: str = "",
+               extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
+               check_reach: bool = False, rid: str = "") -> Draft:
+        """A decision's record before its command is signed: its id, what goes out now, the command's bytes."""
+        pb, target = d.playbook, d.target
         rid = rid or new_record_id(target)
-        steps = d.steps
-        fence = protocol.fence(d.alert.fingerprint, d.alert.episode_start, pb.name, d.stage, d.mode)
-        command = signature = ""
-        early, send, defer = plan_send(target, steps, reach)
+        command = ""
+        early, send, defer = plan_send(target, d.steps, reach)
         if send and not defer and not d.resolution.reason:
-            cmd = command_for(rid, target, send, d.resolution.context, now, pb.expire_after, d.alert.fingerprint,
-                              fence, d.alert.starts_at)
-            command = cmd.to_json()
-            signature = self.signer.sign(command.encode()) if sign else ""
+            fence = protocol.fence(d.alert.fingerprint, d.alert.episode_start, pb.name, d.stage, d.mode)
+            command = command_for(rid, target, send, d.resolution.context, now, pb.expire_after,
+                                  d.alert.fingerprint, fence, d.alert.starts_at).to_json()
+        return Draft(d, now, rid, early, tuple(send), defer, command, reach, check_reach, prev, parent, extra)
+
+    def _record(self, x: Draft, signature: str) -> records.NewRecord:
+        """A draft's DECIDE arguments, with its command's signature."""
+        d, now, s = x.decision, x.now, self.settings
+        pb = d.playbook
         return records.NewRecord(
-            rid=rid, target=target, playbook=pb.name, mode=d.mode, steps=steps, alert=d.alert.as_dict(),
+            rid=x.rid, target=d.target, playbook=pb.name, mode=d.mode, steps=d.steps, alert=d.alert.as_dict(),
             episode_start=d.alert.episode_start, fingerprint=d.alert.fingerprint, now=now,
-            expire_after=pb.expire_after, command=command, signature=signature, context=d.resolution.context,
+            expire_after=pb.expire_after, command=x.command, signature=signature, context=d.resolution.context,
             detail=d.resolution.detail or "", forced_reason=d.resolution.reason or "",
             cooldown=pb.cooldown,
             budget=pb.max_runs or (0, 0.0), approval=pb.approval, approval_timeout=pb.approval_timeout,
             dry_run=pb.dry_run or s.dry_run, undo=bool(pb.on_resolved), record_ttl=s.record_ttl,
             episode_ttl=s.episode_ttl, obligation_due=s.alertmanager_poll or pb.resolve_timeout,
             mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by,
-            follow=d.answers_for_alert or bool(pb.notify) or s.notify or defer,
-            early=early, no_live=reach is not None and not reach.live, defer=defer,
-            verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=parent, prev=prev,
+            follow=d.answers_for_alert or bool(pb.notify) or s.notify or x.defer,
+            early=x.early, no_live=x.reach is not None and not x.reach.live, defer=x.defer,
+            verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=x.parent, prev=x.prev,
             ends_at=d.alert.ends_at if d.mode == "resolved" else "",
-            ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=extra,
-            check_reach=check_reach,
-            need=tuple(st.action for _, st in send if st.action not in BY_SERVICE) if check_reach else (),
-            visit_now=defer or bool(pb.notify) or s.notify or pb.silence, sealer=self.signer.seal)
+            ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=x.extra,
+            check_reach=x.check_reach,
+            need=tuple(st.action for _, st in x.send if st.action not in BY_SERVICE) if x.check_reach else (),
+            visit_now=x.defer or bool(pb.notify) or s.notify or pb.silence, sealer=self.signer.seal)
 
     def _index_elsewhere(self, outcomes: list[Outcome], news: list[records.NewRecord], firsts: list[int]) -> None:
         """Redis Cluster: the approvals and due-target indexes (their own slots) of what DECIDE_MANY decided,

@@ -234,14 +234,16 @@ class FollowUp:
                       now: float) -> Resolved:
         """Keep a resolve learnt from Alertmanager's API on the episode, as a resolve notification would, and
         have every followed record of the ladder looked at now."""
-        ep = keys.episode(target, pb.name, fingerprint)
+        state = keys.playbook_state(target, pb.name)
+        names = keys.episode_fields(fingerprint, "res_start", "res_ms", "res_at")
         at, ms = rfc3339(now), int(now * 1000)
-        current = self.r.hmget(ep, "res_start", "res_ms", "res_at")
+        current = self.r.hmget(state, names)
         if current[0] and current[0] >= start and current[1]:
             return Resolved(current[2] or at, int(current[1]))
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(ep, mapping={"res_start": start, "res_ms": ms, "res_at": at})
-        pipe.pexpire(ep, int(self.dispatcher.settings.episode_ttl * 1000))
+        pipe.hset(state, mapping=dict(zip(names, (start, ms, at))))
+        keep = records.state_ttl(self.dispatcher.settings.episode_ttl, pb.cooldown, (pb.max_runs or (0, 0.0))[1])
+        pipe.pexpire(state, int(keep * 1000))
         rid: str | None = first_id
         hops = 0
         while rid and hops < 64:
@@ -295,7 +297,8 @@ class _Pass:
 
     def resolved(self) -> Resolved | None:
         """The resolve of this record's episode (or of a later one), from the resolve notification."""
-        ep = self.f.r.hmget(keys.episode(self.target, self.pb.name, self.fingerprint), "res_start", "res_ms", "res_at")
+        ep = self.f.r.hmget(keys.playbook_state(self.target, self.pb.name),
+                            keys.episode_fields(self.fingerprint, "res_start", "res_ms", "res_at"))
         start = records.start_of(self.h, self.alert)
         if ep[0] and start and ep[0] >= start and ep[1]:
             return Resolved(ep[2] or "", int(ep[1]))

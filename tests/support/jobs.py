@@ -164,3 +164,9 @@ def entry_command(r: redis.Redis, fields: dict) -> tuple[str, str]:
     text, sig = r.hmget(keys.record(fields["r"]), "cmd", "sig")
     assert text is not None, f"record {fields['r']} holds no command"
     return text, sig or ""
+
+
+def episode(r: redis.Redis, target: keys.Target, playbook: str, fingerprint: str) -> dict[str, str]:
+    """An alert's episode, from its playbook's state on the target: its fields without their fingerprint."""
+    head = keys.episode_fields(fingerprint, "")[0]
+    return {k[len(head):]: v for k, v in r.hgetall(keys.playbook_state(target, playbook)).items() if k.startswith(head)}

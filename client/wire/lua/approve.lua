@@ -4,13 +4,13 @@
 -- Returns {'dispatched'}, {'rejected'}, {'tampered'}, {'missing'}, {'not_pending', status} or {'expired'}.
 local rec = KEYS[1]          -- the record
 local mailbox = KEYS[2]      -- the target's mailbox
-local ep = KEYS[3]           -- the episode (may be absent for manual records)
+local state = KEYS[3]        -- the playbook's state on the target (its alert's episode: field `holds`)
 local ob = KEYS[4]           -- the obligation (what on_resolved must undo for this alert)
 local open_z = KEYS[5]       -- the target's due items
 local metrics = KEYS[6]      -- the metrics hash (common.lua)
 -- {now (ms), at (RFC 3339), verb: approve | reject | tamper, by, comment, maxlen, channel, command, signature,
 --  expires_ms, undo (1: the playbook has on_resolved actions), ob_member, ob_due_ms, episode_ttl_ms, rid, early,
---  defer (as in DECIDE)}
+--  defer (as in DECIDE), holds (the episode's field of held records)}
 local a = cjson.decode(ARGV[1])
 
 local now = tonumber(a.now)
@@ -25,10 +25,10 @@ if now > tonumber(redis.call('HGET', rec, 'approve_by') or '0') then
   return {'expired'}
 end
 -- Either way the record is no longer a hold of its episode.
-if ep and redis.call('EXISTS', ep) == 1 then
-  local holds = ' ' .. (redis.call('HGET', ep, 'holds') or '') .. ' '
-  holds = string.gsub(holds, ' ' .. string.gsub(a.rid, '%p', '%%%0') .. ' ', ' ')
-  redis.call('HSET', ep, 'holds', holds)
+local held = redis.call('HGET', state, a.holds)
+if held then
+  local holds = string.gsub(' ' .. held .. ' ', ' ' .. string.gsub(a.rid, '%p', '%%%0') .. ' ', ' ')
+  redis.call('HSET', state, a.holds, holds)
 end
 if a.verb == 'reject' then
   end_open(rec, 'skipped', 'rejected', 'A person rejected it.', a.at)

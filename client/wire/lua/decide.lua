@@ -10,17 +10,20 @@
 -- `when:` conditions first; the reconciler sends the command), hb (1: read the heartbeat), need (the actions
 -- the command was signed with, space-separated), label (the target's), follow_now (0/1: a new followed record
 -- is looked at now: it has a silence, a notification or conditions to do), later_ms (when a dispatched or
--- held record is due otherwise), approve_by_s (the approvals index's score), verify_ms ('' for none), then
--- the record's fields as name, value, name, value...
+-- held record is due otherwise), approve_by_s (the approvals index's score), verify_ms ('' for none), fp,
+-- state_ttl_ms, then the record's fields as name, value, name, value...
 -- Positional strings, not JSON: decoding ~2.6 KB of JSON a pair was a good part of a call.
 -- Returns {status, record id, reason, first}: 'duplicate', 'stale' and 'closed' mean no new record; 'reach'
 -- means not decided, nothing written. first: when the reconciler is first due at the target (ms), or -1.
 -- `later` (DECIDE_MANY's) gathers the writes its pairs share (common.lua later_flush).
 --
--- Episodes (one remediation per firing episode): the episode hash holds `open` (start of the open episode), `closed`
--- (latest start of a closed one, kept as a tombstone), `rid` (the open episode's record, its head: ep_rid)
--- and `holds` (records held for approval); a resolve leaves `res_start`, `res_ms` and `res_at` (the closed
--- episode's start and its endsAt), from which the reconciler decides outcomes. The obligation hash (rid, dry,
+-- Episodes (one remediation per firing episode): an alert's episode, in its playbook's state hash (fields
+-- fp|name, keys.episode_fields), holds `open` (start of the open episode), `closed` (latest start of a closed
+-- one, kept as a tombstone), `rid` (the open episode's record, its head: ep_rid) and `holds` (records held
+-- for approval); a resolve leaves `res_start`, `res_ms` and `res_at` (the closed episode's start and its
+-- endsAt), from which the reconciler decides outcomes. The same hash holds the playbook's guards on the
+-- target: `cool` (ms until which it cools down) and `runs` (when it dispatched within max_runs' window). One
+-- HMGET reads what a firing alert needs, one HSET writes it. The obligation hash (rid, dry,
 -- seen) says that a firing record changed something that the final resolve must undo, whichever episode
 -- it belonged to. An escalation stage (mode stage) is a record of the open episode made by the reconciler:
 -- once per previous record (its `next`), never after the episode closed, never held back by cooldown.
@@ -30,13 +33,12 @@
 -- decides that pair again with the heartbeat read and the command made to fit.
 local rec = KEYS[1]            -- the record
 local mailbox = KEYS[2]        -- the target's mailbox
-local ep = KEYS[3]             -- the episode
-local guard = KEYS[4]          -- the playbook's cooldown and budget on the target (a hash: cool, runs)
-local ob = KEYS[5]             -- the obligation (what on_resolved must undo for this alert)
-local open_z = KEYS[6]         -- the target's due items
-local prev_rec = KEYS[7]       -- the ladder's previous record (mode stage; else the record again)
-local metrics = KEYS[8]        -- the metrics hash (common.lua)
-local heartbeat = KEYS[9]     -- the target's heartbeat (read with hb = 1)
+local state = KEYS[3]          -- the playbook's state on the target: its guards and its alerts' episodes
+local ob = KEYS[4]             -- the obligation (what on_resolved must undo for this alert)
+local open_z = KEYS[5]         -- the target's due items
+local prev_rec = KEYS[6]       -- the ladder's previous record (mode stage; else the record again)
+local metrics = KEYS[7]        -- the metrics hash (common.lua)
+local heartbeat = KEYS[8]      -- the target's heartbeat (read with hb = 1)
 local now = tonumber(ARGV[1])       -- ms
 local at = ARGV[2]                   -- now as RFC 3339
 local mode = ARGV[3]                 -- firing | resolved | timeout | manual | stage
@@ -73,7 +75,9 @@ local follow_now = ARGV[33] == '1'   -- a new followed record is due at once
 local later_ms = ARGV[34]            -- when a dispatched or held record is due otherwise
 local approve_by_s = ARGV[35]        -- the approvals index's score
 local verify_ms = ARGV[36]           -- the record's verify time ('' for none)
-local fields = {unpack(ARGV, 37)}    -- the record's fields, name then value
+local fp = ARGV[37]                  -- the alert's fingerprint: its episode's fields in the state are fp|name
+local state_ttl_ms = ARGV[38]        -- the state's TTL: the longest of the episodes', the cooldown's, the budget's
+local fields = {unpack(ARGV, 39)}    -- the record's fields, name then value
 local later = ...                    -- DECIDE_MANY's shared writes (common.lua later_flush)
 local reason = ''
 
@@ -117,11 +121,14 @@ local function answer(status, id, why)
   return {status, id, why, first or -1}
 end
 
+-- An episode field's name in the state hash.
+local function e(name) return fp .. '|' .. name end
+
 local prefix = string.sub(rec, 1, #rec - #rid)
 -- The episode keeps its record's time-sortable head only (26 characters): the rest names the target, whose
 -- key the episode is. One written before keeps the whole id.
 local function ep_rid()
-  local r = redis.call('HGET', ep, 'rid')
+  local r = redis.call('HGET', state, e('rid'))
   if r and #r == 26 then return r .. string.sub(rid, 27) end
   return r
 end
@@ -133,12 +140,12 @@ local function latest_start(open, hi)
 end
 
 local function close_episode()
-  local oc = redis.call('HMGET', ep, 'open', 'closed', 'hi')
-  local open, closed = oc[1], oc[2]
+  local oc = redis.call('HMGET', state, e('open'), e('closed'), e('hi'), e('holds'))
+  local open, closed, holds = oc[1], oc[2], oc[4]
   local last = latest_start(open, oc[3])
-  if last and (not closed or last > closed) then redis.call('HSET', ep, 'closed', last) end
+  if last and (not closed or last > closed) then redis.call('HSET', state, e('closed'), last) end
   if mode == 'resolved' and open then
-    redis.call('HSET', ep, 'res_start', open, 'res_ms', ends_ms, 'res_at', ends_at)
+    redis.call('HSET', state, e('res_start'), open, e('res_ms'), ends_ms, e('res_at'), ends_at)
     -- The episode's ladder (its first record, then each `next`) learns of the resolve at once.
     local r, hops = ep_rid(), 0
     while r and r ~= '' and hops < 64 do
@@ -146,9 +153,8 @@ local function close_episode()
       r, hops = redis.call('HGET', prefix .. r, 'next'), hops + 1
     end
   end
-  redis.call('HDEL', ep, 'open', 'rid', 'hi', 'st')  -- st: written by earlier versions
+  redis.call('HDEL', state, e('open'), e('rid'), e('hi'))
   -- The alert is over: a hold that nobody approved must not throttle a GPU that nothing will restore.
-  local holds = redis.call('HGET', ep, 'holds')
   if holds then
     for held in string.gmatch(holds, '%S+') do
       local hrec = prefix .. held
@@ -159,9 +165,9 @@ local function close_episode()
         done_or_follow(hrec, open_z, held, now)
       end
     end
-    redis.call('HDEL', ep, 'holds')
+    redis.call('HDEL', state, e('holds'))
   end
-  redis.call('PEXPIRE', ep, episode_ttl_ms)
+  redis.call('PEXPIRE', state, state_ttl_ms)
 end
 
 -- Take the undo obligation for a resolve; false when nothing was changed that needs undoing.
@@ -175,6 +181,9 @@ end
 
 -- Whether the obligation exists, read once (nothing between the two reads of a firing decide changes it).
 local ob_exists = nil
+-- The guards (cool, runs) when the firing read already has them; the state's writes, made in one HSET.
+local guards = nil
+local writes = {}
 if mode == 'firing' then
   -- Every firing notification, a resend too, says the alert still fires: resolve_timeout counts from here.
   -- Only a playbook with on_resolved actions makes obligations.
@@ -183,30 +192,32 @@ if mode == 'firing' then
     redis.call('HSET', ob, 'seen', now)
     redis.call('ZADD', open_z, ob_due_ms, ob_member)
   end
-  local oc = redis.call('HMGET', ep, 'open', 'closed', 'hi')
+  local oc = redis.call('HMGET', state, e('open'), e('closed'), e('hi'), 'cool', 'runs')
   local open, closed = oc[1], oc[2]
   local top = latest_start(open, oc[3])
+  guards = {oc[4], oc[5]}
   if open and start <= top then
     -- The open episode: a resend, a retry, an HA peer; an earlier start is the same alert merged from
     -- two Prometheus servers (never one of a closed episode's, which is a late retry of that episode).
     -- The episode keeps its latest start too (hi), so a late retry with the start from before the merge is
     -- still this episode, while it is open and after it closed.
-    if start < open and (not closed or start > closed) then redis.call('HSET', ep, 'open', start, 'hi', top) end
-    redis.call('PEXPIRE', ep, episode_ttl_ms)
+    if start < open and (not closed or start > closed) then redis.call('HSET', state, e('open'), start, e('hi'), top) end
+    redis.call('PEXPIRE', state, state_ttl_ms)
     return answer('duplicate', ep_rid() or '', '')
   end
   if closed and start <= closed then
-    redis.call('PEXPIRE', ep, episode_ttl_ms)
+    redis.call('PEXPIRE', state, state_ttl_ms)
     return answer('duplicate', '', 'closed_episode')
   end
   if open then
     -- A later start while one is open: the alert resolved and fired again within one group_interval, so
     -- Alertmanager never sent that resolve. The old episode is over; its obligation stays with the alert.
-    redis.call('HSET', ep, 'closed', top)
-    redis.call('HDEL', ep, 'hi')
+    writes[#writes + 1] = e('closed')
+    writes[#writes + 1] = top
+    redis.call('HDEL', state, e('hi'))
   end
 elseif mode == 'resolved' or mode == 'timeout' then
-  local open = redis.call('HGET', ep, 'open')
+  local open = redis.call('HGET', state, e('open'))
   if mode == 'resolved' and (not open or open > start) then
     -- No open episode, or a stale resolve of an older one: it must not close (or undo) a newer episode.
     return answer('stale', '', '')
@@ -217,7 +228,7 @@ elseif mode == 'resolved' or mode == 'timeout' then
 elseif mode == 'stage' then
   local prev = redis.call('HGET', prev_rec, 'next')
   if prev and prev ~= '' then return answer('duplicate', prev, '') end
-  local open = redis.call('HGET', ep, 'open')
+  local open = redis.call('HGET', state, e('open'))
   -- The episode resolved, or a later one replaced it: the ladder is over.
   if not open or open > start then return answer('closed', '', '') end
 end
@@ -229,13 +240,11 @@ elseif n == 0 then
   status, reason = 'skipped', 'no_actions'
 elseif mode == 'firing' or mode == 'manual' or mode == 'stage' then
   -- Guards hold for firing, manual and stage records; on_resolved is exempt: it undoes what firing did.
-  -- Cooldown is the ladder's as a whole: its stages never cool each other down. Both live in one hash per
-  -- (target, playbook): `cool` (ms until which it cools down) and `runs` (the times it dispatched within
-  -- max_runs' window, space-separated).
+  -- Cooldown is the ladder's as a whole: its stages never cool each other down.
   local cooldown = cooldown_ms
   if mode == 'stage' then cooldown = 0 end
   if cooldown > 0 or budget_count > 0 then
-    local g = redis.call('HMGET', guard, 'cool', 'runs')
+    local g = guards or redis.call('HMGET', state, 'cool', 'runs')
     local runs = {}
     for t in string.gmatch(g[2] or '', '%d+') do
       if tonumber(t) > now - budget_window_ms then runs[#runs + 1] = t end
@@ -246,15 +255,11 @@ elseif mode == 'firing' or mode == 'manual' or mode == 'stage' then
       status, reason = 'skipped', 'budget_exhausted'
     end
     if status == 'dispatched' and not dry then
-      local w, keep = {}, 0
-      if cooldown > 0 then w[#w + 1] = 'cool'; w[#w + 1] = now + cooldown; keep = cooldown end
+      if cooldown > 0 then writes[#writes + 1] = 'cool'; writes[#writes + 1] = now + cooldown end
       if budget_count > 0 then
         runs[#runs + 1] = now
-        w[#w + 1] = 'runs'; w[#w + 1] = table.concat(runs, ' ')
-        if budget_window_ms > keep then keep = budget_window_ms end
+        writes[#writes + 1] = 'runs'; writes[#writes + 1] = table.concat(runs, ' ')
       end
-      redis.call('HSET', guard, unpack(w))
-      redis.call('PEXPIRE', guard, keep)
     end
   end
   if status == 'dispatched' and approval then status = 'pending_approval' end
@@ -262,12 +267,17 @@ end
 if status ~= 'skipped' and dry then status = 'dry_run' end
 
 if mode == 'stage' then redis.call('HSET', prev_rec, 'next', rid) end
+if mode == 'firing' then
+  writes[#writes + 1] = e('open'); writes[#writes + 1] = start
+  writes[#writes + 1] = e('rid'); writes[#writes + 1] = string.sub(rid, 1, 26)
+end
+if (mode == 'firing' or mode == 'stage') and status == 'pending_approval' then
+  writes[#writes + 1] = e('holds')
+  writes[#writes + 1] = (redis.call('HGET', state, e('holds')) or '') .. ' ' .. rid
+end
+if #writes > 0 then redis.call('HSET', state, unpack(writes)) end
+if #writes > 0 or mode == 'stage' then redis.call('PEXPIRE', state, state_ttl_ms) end
 if mode == 'firing' or mode == 'stage' then
-  if mode == 'firing' then redis.call('HSET', ep, 'open', start, 'rid', string.sub(rid, 1, 26)) end
-  if status == 'pending_approval' then
-    redis.call('HSET', ep, 'holds', ((redis.call('HGET', ep, 'holds') or '') .. ' ' .. rid))
-  end
-  redis.call('PEXPIRE', ep, episode_ttl_ms)
   if undo and (status == 'dispatched' or status == 'dry_run') then
     if ob_exists == nil then ob_exists = redis.call('EXISTS', ob) == 1 end
     if not ob_exists then

@@ -7,9 +7,9 @@
 -- first: when the reconciler is first due at the pair's target, in ms, or -1 for never).
 local n = tonumber(ARGV[1])      -- pairs
 local index = ARGV[2] == '1'     -- write the indexes too
--- Pair i's DECIDE KEYS: KEYS[9 * (i - 1) + 1 .. 9 * i] (the 7th is the record again when there is no
--- previous record; the 8th the metrics hash; the 9th the heartbeat).
-local function pair_keys(i) return {unpack(KEYS, 9 * (i - 1) + 1, 9 * i)} end
+-- Pair i's DECIDE KEYS: KEYS[8 * (i - 1) + 1 .. 8 * i] (the 6th is the record again when there is no
+-- previous record; the 7th the metrics hash; the 8th the heartbeat).
+local function pair_keys(i) return {unpack(KEYS, 8 * (i - 1) + 1, 8 * i)} end
 -- The pairs' DECIDE ARGV: after n and index, each pair's block, its length first.
 local function pair_blocks()
   local out, p = {}, 3
@@ -21,10 +21,10 @@ local function pair_blocks()
   return out
 end
 -- With index, after the pairs' keys:
-local journal = KEYS[9 * n + 1]     -- the history journal (service/history.py)
-local approvals_key = KEYS[9 * n + 2]  -- the approvals index
-local due_key = KEYS[9 * n + 3]     -- the due targets
-local mailboxes = KEYS[9 * n + 4]   -- the targets with mailboxes
+local journal = KEYS[8 * n + 1]     -- the history journal (service/history.py)
+local approvals_key = KEYS[8 * n + 2]  -- the approvals index
+local due_key = KEYS[8 * n + 3]     -- the due targets
+local mailboxes = KEYS[8 * n + 4]   -- the targets with mailboxes
 
 -- What the pairs share (common.lua later_flush), and their index entries (decide.lua answer).
 local later = {journal = {}, backlog = {}, expire = {}, history = {}, approvals = {}, due = {}}
