@@ -9,8 +9,6 @@ from trainmedic.client.wire import keys
 
 log = logging.getLogger("trainmedic.upgrade")
 
-# Set once every playbook state is in today's layout: later starts skip the scan.
-STATES_DONE = keys.PREFIX + "upgraded:playbook-states"
 # Written by versions before the episode kept its `hi`; nothing reads it.
 _DROPPED = frozenset({"st"})
 
@@ -21,7 +19,7 @@ def playbook_states(r: Any) -> int:
     the target (keys.playbook_state). Folds every old key into it and deletes it, so an upgrade forgets no
     open episode, no cooldown and no spent budget. Fields written since by this version win. Returns how
     many old keys it folded."""
-    if r.exists(STATES_DONE):
+    if r.exists(keys.STATES_UPGRADED):
         return 0
     now_ms = int(time.time() * 1000)
     folded = 0
@@ -36,7 +34,7 @@ def playbook_states(r: Any) -> int:
                 r.pexpire(state, max(ttl, r.pttl(state)))
                 folded += 1
             r.delete(key)
-    r.set(STATES_DONE, "1")
+    r.set(keys.STATES_UPGRADED, "1")
     if folded:
         log.info("folded %d episode, cooldown and budget keys of an earlier version into playbook states", folded)
     return folded

@@ -21,7 +21,7 @@ def test_an_open_episode_and_a_cooldown_of_an_earlier_version_still_hold_after_t
     old_cooldown = f"{keys.PREFIX}{JOB.tag}:cooldown:loss-spike"
     r.set(old_cooldown, "01OLD", px=300_000)
     app = make_app()
-    assert not r.exists(old_cooldown) and not r.exists(old_episode) and r.exists(upgrade.STATES_DONE)
+    assert not r.exists(old_cooldown) and not r.exists(old_episode) and r.exists(keys.STATES_UPGRADED)
     state = r.hgetall(keys.playbook_state(JOB, "loss-spike"))
     assert now_ms + 290_000 < int(state["cool"]) <= int(time.time() * 1000) + 300_000
     assert state[f"{FINGERPRINT}|open"] == "2026-11-22T01:25:24Z" and f"{FINGERPRINT}|st" not in state

@@ -212,6 +212,8 @@ APPROVALS = PREFIX + "approvals"
 TARGETS = PREFIX + "targets"
 # Labels of targets that were ever sent a command: /metrics reads their backlog and ack stats.
 MAILBOXES = PREFIX + "mailboxes"
+# Set once the service has brought the playbook states of an earlier version to today's layout (service/upgrade.py).
+STATES_UPGRADED = PREFIX + "upgraded:playbook-states"
 # Target labels by the earliest due time (ms) of their due items: what the reconciler visits next.
 DUE = PREFIX + "due"
 # The reconcilers' lease: one of them ticks at a time (correct without it, just wasteful).

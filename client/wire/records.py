@@ -465,7 +465,7 @@ def decide_many_calls(scripts: Scripts, made: list[NewRecord], index: bool) -> l
             argv.append(len(block))
             argv += block
         if index:
-            ks += [keys.HIST_JOURNAL, keys.APPROVALS, keys.DUE, keys.MAILBOXES]
+            ks += [keys.HIST_JOURNAL, keys.APPROVALS, keys.DUE]
         calls.append((scripts.decide_many, ks, argv))
     return calls
 

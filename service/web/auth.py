@@ -220,6 +220,18 @@ class _Sessions(SecureCookieSessionInterface):
         public = ext().settings.public_url or ""
         return bool(app.config["SESSION_COOKIE_SECURE"]) or request.is_secure or public.lower().startswith("https:")
 
+    # Most requests (Alertmanager's, the API's with bearer tokens) carry no session cookie: they get an empty
+    # session without the cookie's signer being built, and leave without a look at the cookie settings.
+    def open_session(self, app: Flask, request: Any) -> Any:
+        if app.secret_key and self.get_cookie_name(app) not in request.cookies:
+            return self.session_class()
+        return super().open_session(app, request)
+
+    def save_session(self, app: Flask, session: Any, response: Response) -> None:
+        if not (session or session.modified or session.accessed):
+            return
+        super().save_session(app, session, response)
+
 
 def _next_path(raw: str | None) -> str:
     """Where to go after logging in: a path of this service only (never another site), else the history."""

@@ -7,7 +7,8 @@
 -- The single Redis's metrics hash (client/wire/keys.py METRICS) and history journal (HIST_JOURNAL).
 local GLOBAL_METRICS = 'trainmedic:metrics'
 local GLOBAL_JOURNAL = 'trainmedic:hist:journal'
--- How long the metrics hash and a target's journal live after their last write (30 days, ms).
+-- How long a cluster target's metrics hash and journal live after their last write (30 days, ms; the single
+-- Redis's are bounded by their fields and their reader).
 local KEEP_MS = 2592000000
 -- Metrics keys whose TTL this call already set: once per key per call is enough (a call starts with none).
 local metrics_ttl = {}
@@ -35,7 +36,7 @@ local function count_backlog(rec, delta, metrics)
   local kind = string.match(rec, '{(%a+):')
   if kind then
     redis.call('HINCRBY', metrics, 'backlog|' .. kind, delta)
-    if not metrics_ttl[metrics] then
+    if metrics ~= GLOBAL_METRICS and not metrics_ttl[metrics] then
       redis.call('PEXPIRE', metrics, KEEP_MS)
       metrics_ttl[metrics] = true
     end
@@ -75,7 +76,8 @@ local function later_flush(later)
     for kind, delta in pairs(kinds) do
       if delta ~= 0 then redis.call('HINCRBY', metrics, 'backlog|' .. kind, delta) end
     end
-    later_expire(later, metrics, KEEP_MS)
+    -- The single Redis's hash has one field per count: it needs no TTL. A cluster's are per target.
+    if metrics ~= GLOBAL_METRICS then later_expire(later, metrics, KEEP_MS) end
   end
   for key, ttl_ms in pairs(later.expire) do redis.call('PEXPIRE', key, ttl_ms) end
 end

@@ -24,7 +24,6 @@ end
 local journal = KEYS[8 * n + 1]     -- the history journal (service/history.py)
 local approvals_key = KEYS[8 * n + 2]  -- the approvals index
 local due_key = KEYS[8 * n + 3]     -- the due targets
-local mailboxes = KEYS[8 * n + 4]   -- the targets with mailboxes
 
 -- What the pairs share (common.lua later_flush), and their index entries (decide.lua answer).
 local later = {journal = {}, backlog = {}, expire = {}, history = {}, approvals = {}, due = {}}
@@ -36,16 +35,13 @@ later_flush(later)
 if index then
   if #later.history > 0 then redis.call('RPUSH', journal, unpack(later.history)) end
   if #later.approvals > 0 then redis.call('ZADD', approvals_key, unpack(later.approvals)) end
-  -- One ZADD and one SADD for all the call's targets.
-  local dz, labels = {}, {}
+  -- One ZADD for all the call's targets. (The set of targets with mailboxes is a cluster's: there the
+  -- metrics are per target. The service writes it, with the indexes, after the call.)
+  local dz = {}
   for label, first in pairs(later.due) do
     dz[#dz + 1] = first
     dz[#dz + 1] = label
-    labels[#labels + 1] = label
   end
-  if #labels > 0 then
-    redis.call('ZADD', due_key, 'LT', unpack(dz))
-    redis.call('SADD', mailboxes, unpack(labels))
-  end
+  if #dz > 0 then redis.call('ZADD', due_key, 'LT', unpack(dz)) end
 end
 return out
