@@ -6,6 +6,7 @@ import logging
 import sys
 import traceback
 from typing import IO, Any
+from collections.abc import Callable
 
 from .wire.protocol import rfc3339
 
@@ -18,7 +19,7 @@ _OWN = ("ts", "level", "logger", "msg", "pid", "exc")
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=False, separators=(",", ":"))
 
 
-def _encoder() -> Any:
+def _encoder() -> Callable[[Any], str]:
     try:
         import orjson
     except ImportError:
@@ -87,7 +88,7 @@ def _lean_records() -> None:
     """The JSON lines never show a record's source line, thread or process name: logging need not find them
     for every record (walking the stack for the caller is most of a record's cost; the logging docs'
     "Optimization" section names these switches)."""
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logMultiprocessing = False
 

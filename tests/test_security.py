@@ -86,12 +86,14 @@ class Issuer:
         d = plan.Decision(d.playbook, d.mode, d.alert, Resolution(target, context or {}), d.requested_by)
         new = self.dispatcher.new_record(d, time.time())
         if edit is not None:
-            text = edit(new.command)
-            new = dataclasses.replace(new, command=text, signature=self.sign(text.encode()))
+            text = edit(new.delivery.command)
+            new = dataclasses.replace(new, delivery=dataclasses.replace(new.delivery, command=text,
+                                                                        signature=self.sign(text.encode())))
         if tamper is not None:
-            cmd = json.loads(new.command)
+            cmd = json.loads(new.delivery.command)
             tamper(cmd)
-            new = dataclasses.replace(new, command=json.dumps(cmd, separators=(",", ":")))
+            new = dataclasses.replace(new, delivery=dataclasses.replace(
+                new.delivery, command=json.dumps(cmd, separators=(",", ":"))))
         [answer] = self.dispatcher.submit([new])
         assert answer.status == "dispatched", answer
         return new.rid

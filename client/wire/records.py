@@ -299,6 +299,62 @@ def early_arg(early: Early) -> dict[str, list[str]]:
 
 
 @dataclass(frozen=True)
+class Guards:
+    """What may hold a record back: the playbook's cooldown, max_runs, approval and dry run."""
+
+    cooldown: float = 0.0
+    budget: tuple[int, float] = (0, 0.0)  # max_runs: (count, window in seconds); 0 for none
+    approval: bool = False
+    approval_timeout: float = 3600.0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long, and how much, of what DECIDE writes is kept (seconds)."""
+
+    expire_after: float = 3600.0  # the command
+    record_ttl: float = 30 * 86400.0
+    # Refreshed by every resend, so a long episode stays one episode; a closed one is kept this long too.
+    episode_ttl: float = 2 * 86400.0
+    obligation_due: float = 12 * 3600.0  # an on_resolved obligation with no resolve
+    mailbox_maxlen: int = 100
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Where a record stands in its escalation ladder (or the node record a job's checkpoint belongs to)."""
+
+    stage: int = 0
+    parent: str = ""
+    prev: str = ""  # the previous stage's record (mode stage)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What goes out now, and how the reconciler follows the record afterwards."""
+
+    command: str = ""  # the signed command's exact bytes ("" when nothing goes out now)
+    signature: str = ""
+    early: Early = ()
+    no_live: bool = False
+    # `when:` conditions first: the reconciler evaluates them and sends the command.
+    defer: bool = False
+    # DECIDE reads the target's heartbeat itself (no_live, or 'reach' when the command does not fit it): the
+    # command was made with every step, and `need` are their actions.
+    check_reach: bool = False
+    need: tuple[str, ...] = ()
+    # The reconciler follows the record after it is decided (outcome, ladder, silence, notifications).
+    follow: bool = False
+    # A new followed record needs the reconciler now (a silence, a notification, conditions to evaluate);
+    # otherwise one still dispatched or held waits for its ack, expiry or approval deadline like any other.
+    visit_now: bool = True
+    undo: bool = False  # the playbook has on_resolved actions: a firing record leaves an obligation
+    # Set for records that answer for their alert (firing and stages): they get an outcome.
+    verify: float | None = None
+
+
+@dataclass(frozen=True)
 class NewRecord:
     """Everything DECIDE needs to guard, record and dispatch one (alert, playbook) pair."""
 
@@ -311,54 +367,28 @@ class NewRecord:
     episode_start: str
     fingerprint: str
     now: float
-    expire_after: float
-    command: str
-    signature: str
     context: dict[str, Any]
+    guards: Guards
+    keep: Retention
+    delivery: Delivery
+    ladder: Ladder = Ladder()
     detail: str = ""
     forced_reason: str = ""
-    cooldown: float = 0.0
-    budget: tuple[int, float] = (0, 0.0)
-    approval: bool = False
-    approval_timeout: float = 3600.0
-    dry_run: bool = False
-    undo: bool = False
-    record_ttl: float = 30 * 86400.0
-    episode_ttl: float = 2 * 86400.0
-    obligation_due: float = 12 * 3600.0
-    mailbox_maxlen: int = 100
     requested_by: str = Requester.WEBHOOK
-    # The reconciler follows the record after it is decided (outcome, ladder, silence, notifications).
-    follow: bool = False
-    # Set for records that answer for their alert (firing and stages): they get an outcome.
-    verify: float | None = None
-    stage: int = 0
-    parent: str = ""
-    prev: str = ""
     ends_at: str = ""
     ends_ms: int = 0
     extra: tuple[tuple[str, str], ...] = ()
-    early: Early = ()
-    no_live: bool = False
-    defer: bool = False
-    # DECIDE reads the target's heartbeat itself (no_live, or 'reach' when the command does not fit it): the
-    # command was made with every step, and `need` are their actions.
-    check_reach: bool = False
-    need: tuple[str, ...] = ()
-    # A new followed record needs the reconciler now (a silence, a notification, conditions to evaluate);
-    # otherwise one still dispatched or held waits for its ack, expiry or approval deadline like any other.
-    visit_now: bool = True
     # The service's seal (Signer.seal): it covers what the record decided (see seal_text).
     sealer: Callable[[bytes], str] | None = None
 
     @property
     def state_ttl(self) -> float:
-        return state_ttl(self.episode_ttl, self.cooldown, self.budget[1])
+        return state_ttl(self.keep.episode_ttl, self.guards.cooldown, self.guards.budget[1])
 
     @property
     def later(self) -> float:
         """When a dispatched or held record is next due, unless something needs the reconciler sooner."""
-        return self.now + min(self.expire_after, self.approval_timeout, self.obligation_due)
+        return self.now + min(self.keep.expire_after, self.guards.approval_timeout, self.keep.obligation_due)
 
     def keys_block(self, cluster: bool) -> tuple[list[str], list[Any]]:
         """DECIDE's eight KEYS and its ARGV block, by position (lua/decide.lua names each)."""
@@ -379,32 +409,33 @@ class NewRecord:
             fields["mode"] = self.mode
         if self.requested_by != Requester.WEBHOOK:
             fields["requested_by"] = self.requested_by
-        if self.approval:
+        if self.guards.approval:
             # A string, so that the hash holds exactly what the seal covered.
-            fields["expire_after"] = repr(float(self.expire_after))
+            fields["expire_after"] = repr(float(self.keep.expire_after))
         if self.detail:
             fields["detail"] = self.detail
         if self.context:
             fields["context"] = dumps(self.context)
-        if self.stage:
-            fields.update(stage=self.stage, parent=self.parent)
-        elif self.parent:
+        if self.ladder.stage:
+            fields.update(stage=self.ladder.stage, parent=self.ladder.parent)
+        elif self.ladder.parent:
             # A job's checkpoint made for a node record's checkpoint_jobs: stage 0, linked to that record.
-            fields["parent"] = self.parent
+            fields["parent"] = self.ladder.parent
         for i, st in enumerate(self.steps):
             fields[f"a:{i}:spec"] = st.spec()
         if self.sealer is not None:
             fields["seal"] = self.sealer(seal_text(self.rid, fields))
+        g, k, x = self.guards, self.keep, self.delivery
         block: list[Any] = [
             now_ms, rfc3339(now_ms / 1000), self.mode, self.episode_start, self.rid, self.forced_reason,
-            ms(self.cooldown), self.budget[0], ms(self.budget[1]), int(self.approval), int(self.dry_run),
-            int(self.undo), ms(self.record_ttl), ms(self.episode_ttl), self.mailbox_maxlen, keys.wake_channel(t),
-            self.command, self.signature, now_ms + ms(self.expire_after), now_ms + ms(self.approval_timeout),
-            keys.obligation_member(self.playbook, self.fingerprint), now_ms + ms(self.obligation_due),
-            len(self.steps), int(self.follow), self.ends_at, self.ends_ms,
-            dumps(early_arg(self.early)) if self.early else "", int(self.no_live), int(self.defer),
-            int(self.check_reach), " ".join(self.need), t.label, int(self.visit_now), ms(self.later),
-            repr(self.now + self.approval_timeout), "" if self.verify is None else ms(self.verify),
+            ms(g.cooldown), g.budget[0], ms(g.budget[1]), int(g.approval), int(g.dry_run),
+            int(x.undo), ms(k.record_ttl), ms(k.episode_ttl), k.mailbox_maxlen, keys.wake_channel(t),
+            x.command, x.signature, now_ms + ms(k.expire_after), now_ms + ms(g.approval_timeout),
+            keys.obligation_member(self.playbook, self.fingerprint), now_ms + ms(k.obligation_due),
+            len(self.steps), int(x.follow), self.ends_at, self.ends_ms,
+            dumps(early_arg(x.early)) if x.early else "", int(x.no_live), int(x.defer),
+            int(x.check_reach), " ".join(x.need), t.label, int(x.visit_now), ms(self.later),
+            repr(self.now + g.approval_timeout), "" if x.verify is None else ms(x.verify),
             self.fingerprint, ms(self.state_ttl),
         ]
         for kv in fields.items():
@@ -412,7 +443,7 @@ class NewRecord:
         ks = [keys.record(self.rid), keys.mailbox(t), keys.playbook_state(t, self.playbook),
               keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
         # The ladder's previous record (mode stage), else the record again (DECIDE reads it only in a stage).
-        ks.append(keys.record(self.prev) if self.prev else ks[0])
+        ks.append(keys.record(self.ladder.prev) if self.ladder.prev else ks[0])
         ks.append(keys.metrics(t, cluster))
         ks.append(keys.heartbeat(t))
         return ks, block

@@ -291,21 +291,23 @@ class Dispatcher:
         return records.NewRecord(
             rid=x.rid, target=d.target, playbook=pb.name, mode=d.mode, steps=d.steps, alert=d.alert.as_dict(),
             episode_start=d.alert.episode_start, fingerprint=d.alert.fingerprint, now=now,
-            expire_after=pb.expire_after, command=x.command, signature=signature, context=d.resolution.context,
-            detail=d.resolution.detail or "", forced_reason=d.resolution.reason or "",
-            cooldown=pb.cooldown,
-            budget=pb.max_runs or (0, 0.0), approval=pb.approval, approval_timeout=pb.approval_timeout,
-            dry_run=pb.dry_run or s.dry_run, undo=bool(pb.on_resolved), record_ttl=s.record_ttl,
-            episode_ttl=s.episode_ttl, obligation_due=s.alertmanager_poll or pb.resolve_timeout,
-            mailbox_maxlen=s.mailbox_maxlen, requested_by=d.requested_by,
-            follow=d.answers_for_alert or bool(pb.notify) or s.notify or x.defer,
-            early=x.early, no_live=x.reach is not None and not x.reach.live, defer=x.defer,
-            verify=pb.verify if d.answers_for_alert else None, stage=d.stage, parent=x.parent, prev=x.prev,
-            ends_at=d.alert.ends_at if d.mode == "resolved" else "",
+            context=d.resolution.context, detail=d.resolution.detail or "", forced_reason=d.resolution.reason or "",
+            requested_by=d.requested_by, ends_at=d.alert.ends_at if d.mode == "resolved" else "",
             ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=x.extra,
-            check_reach=x.check_reach,
-            need=tuple(st.action for _, st in x.send if st.action not in BY_SERVICE) if x.check_reach else (),
-            visit_now=x.defer or bool(pb.notify) or s.notify or pb.silence, sealer=self.signer.seal)
+            guards=records.Guards(cooldown=pb.cooldown, budget=pb.max_runs or (0, 0.0), approval=pb.approval,
+                                  approval_timeout=pb.approval_timeout, dry_run=pb.dry_run or s.dry_run),
+            keep=records.Retention(expire_after=pb.expire_after, record_ttl=s.record_ttl, episode_ttl=s.episode_ttl,
+                                   obligation_due=s.alertmanager_poll or pb.resolve_timeout,
+                                   mailbox_maxlen=s.mailbox_maxlen),
+            ladder=records.Ladder(stage=d.stage, parent=x.parent, prev=x.prev),
+            delivery=records.Delivery(
+                command=x.command, signature=signature, early=x.early,
+                no_live=x.reach is not None and not x.reach.live, defer=x.defer, check_reach=x.check_reach,
+                need=tuple(st.action for _, st in x.send if st.action not in BY_SERVICE) if x.check_reach else (),
+                follow=d.answers_for_alert or bool(pb.notify) or s.notify or x.defer,
+                visit_now=x.defer or bool(pb.notify) or s.notify or pb.silence, undo=bool(pb.on_resolved),
+                verify=pb.verify if d.answers_for_alert else None),
+            sealer=self.signer.seal)
 
     def _index_elsewhere(self, outcomes: list[Outcome], news: list[records.NewRecord], firsts: list[int]) -> None:
         """Redis Cluster: the approvals and due-target indexes (their own slots) of what DECIDE_MANY decided,
@@ -314,7 +316,7 @@ class Dispatcher:
         for n, first in zip(news, firsts):
             if first >= 0:
                 due[n.target.label] = min(due.get(n.target.label, first), first)
-        held = {o.record_id: n.now + n.approval_timeout for o, n in zip(outcomes, news)
+        held = {o.record_id: n.now + n.guards.approval_timeout for o, n in zip(outcomes, news)
                 if o.status == RecordStatus.PENDING_APPROVAL}
         # A duplicate journals its record again (idempotent): that heals a listing lost to a crash in between.
         heal = [o.record_id for o in outcomes if o.record_id and not o.new]
