@@ -1,13 +1,16 @@
 """What one alert costs the webhook's path, for sizing Redis: commands, Redis CPU, service CPU, bytes per record.
 
-In-process (Flask's test client, no gunicorn, no HTTP), an embedded redis-server with AOF `appendfsync always`,
+In-process (Flask's test client, no gunicorn, no HTTP), an embedded redis-server with AOF (`appendfsync
+everysec` as the service runs it, or --fsync always),
 the shipped playbooks, the signing key on and logging at info (to /dev/null, JSON lines as in production).
 Every alert is TrainingLossSpike with a new fingerprint and a new job (the storm of baseline_compare.py), in
 groups of 1 and of 10. Measured first on an empty Redis, then after filling it through the webhook with
 --fill records spread over --targets jobs, so one sees how each figure grows with what Redis holds.
 
 CPU is process CPU time (time.process_time for the service; Redis INFO cpu, user + sys, for Redis), not
-wall-clock, so other work on the machine changes it little. Commands per alert are INFO commandstats calls
+wall-clock, so other work on the machine changes it little. "Beyond floor" is the service's CPU per alert less
+the framework floor's per request (webhook_bound.py's floor app: token, parse, answer) over the alerts a
+request carries, measured in the same run through the same test client. Commands per alert are INFO commandstats calls
 (an EVALSHA counts once, and each command its script runs counts too). Bytes per record: INFO memory's
 used_memory delta over the records made (record hash, mailbox entry, episode, cooldown, budget, indexes);
 a storm row makes a new job per alert, so it also pays for a new mailbox stream and a target's keys, and a
@@ -107,6 +110,20 @@ def measure(http: Any, r: redis.Redis, group: int, alerts: int, run: str) -> dic
             "eval_us": (eval1 - eval0) / n, "wall_us": wall / n * 1e6, "alerts": n, "records": made}
 
 
+def floor_us(group: int, alerts: int) -> float:
+    """The framework floor's CPU per request (webhook_bound.py's floor app, through Flask's test client)."""
+    from webhook_bound import floor_app
+
+    http = floor_app().test_client()
+    bodies = [body("floor", i * group, group) for i in range(max(alerts // group, 200))]
+    for b in bodies[:20]:
+        http.post("/webhook", data=b, headers=HEADERS)
+    t0 = time.process_time()
+    for b in bodies:
+        assert http.post("/webhook", data=b, headers=HEADERS).status_code == 200
+    return (time.process_time() - t0) / len(bodies) * 1e6
+
+
 def fill(http: Any, records_n: int, targets: int) -> float:
     """Fill Redis through the webhook: records_n alerts over `targets` jobs, 100 alerts a notification."""
     t0 = time.perf_counter()
@@ -117,10 +134,10 @@ def fill(http: Any, records_n: int, targets: int) -> float:
 
 
 @contextmanager
-def in_process(playbooks: Path = ROOT / "playbooks") -> Iterator[tuple[Any, redis.Redis]]:
-    """The app's test client and a client of its embedded Redis (AOF fsync always), logging at info."""
+def in_process(playbooks: Path = ROOT / "playbooks", fsync: str = "everysec") -> Iterator[tuple[Any, redis.Redis]]:
+    """The app's test client and a client of its embedded Redis (AOF, fsync as given), logging at info."""
     tmp = Path(tempfile.mkdtemp(prefix="trainmedic-cost-"))
-    srv = EmbeddedRedis(tmp / "redis").start()
+    srv = EmbeddedRedis(tmp / "redis", fsync=fsync).start()
     devnull = open(os.devnull, "w")
     try:
         app = create_app({"redis_url": srv.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
@@ -200,12 +217,14 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=10_000, help="jobs the fill spreads over")
     ap.add_argument("--breaker", action="store_true", help="compare loss-spike without and with max_active instead")
     ap.add_argument("--rounds", type=int, default=3, help="with --breaker: rounds of the variants (default 3)")
+    ap.add_argument("--fsync", choices=("everysec", "always"), default="everysec", help="Redis's appendfsync")
     args = ap.parse_args()
     if args.breaker:
         breaker(args.alerts, args.rounds)
         return
 
-    with in_process() as (http, r):
+    floor = {group: floor_us(group, args.alerts) for group in (1, 10)}
+    with in_process(fsync=args.fsync) as (http, r):
         rows: list[tuple[str, int, dict[str, float]]] = []
         fill_line = ""
         passes = [("empty Redis", 0)] + ([(f"{args.fill:,} records / {args.targets:,} jobs", args.fill)]
@@ -223,13 +242,16 @@ def main() -> None:
                 rows.append((label, group, measure(http, r, group, args.alerts, f"g{group}{n}")))
         info = r.info("server")
         print(f"cost per alert: in-process webhook (Flask test client), redis-server {info['redis_version']} with AOF "
-              f"appendfsync always, signing on, logging at info; {args.alerts} alerts per row, each a new "
-              f"fingerprint and a new job; CPU is process time")
+              f"appendfsync {args.fsync}, signing on, logging at info; {args.alerts} alerts per row, each a new "
+              f"fingerprint and a new job; CPU is process time; the floor's CPU per request: "
+              f"{floor[1]:.0f} us (1 alert), {floor[10]:.0f} us (10 alerts)")
         print(f"{'Redis holds':34s} {'alerts/req':>10s} {'cmds/alert':>10s} {'Redis CPU us':>12s} "
-              f"{'service CPU us':>14s} {'bytes/record':>12s} {'AOF B':>6s} {'EVALSHA us':>10s} {'wall us':>8s}")
+              f"{'service CPU us':>14s} {'beyond floor':>12s} {'bytes/record':>12s} {'AOF B':>6s} "
+              f"{'EVALSHA us':>10s} {'wall us':>8s}")
         for label, group, m in rows:
             print(f"{label:34s} {group:10d} {m['cmds']:10.1f} {m['redis_us']:12.0f} {m['svc_us']:14.0f} "
-                  f"{m['bytes']:12.0f} {m['aof']:6.0f} {m['eval_us']:10.0f} {m['wall_us']:8.0f}")
+                  f"{m['svc_us'] - floor[group] / group:12.0f} {m['bytes']:12.0f} {m['aof']:6.0f} "
+                  f"{m['eval_us']:10.0f} {m['wall_us']:8.0f}")
         print("per alert; AOF B: bytes appended to the AOF; EVALSHA us: time inside the scripts (commandstats), "
               "part of Redis CPU")
         if fill_line:
