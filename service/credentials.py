@@ -19,12 +19,13 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from trainmedic.client.wire import keys
 
-# What each kind's client and scripts call (client/receiver, client/wire/lua).
+# What each kind's client and scripts call (client/receiver, client/wire/lua; HMGET reads the signed command
+# of each record its mailbox names).
 COMMANDS = {
-    "node": ("+info", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hset", "+hdel", "+hexists",
-             "+hincrby", "+hincrbyfloat", "+zadd", "+zrem", "+xrange", "+xadd", "+rpush", "+sadd", "+subscribe",
-             "+unsubscribe", "+publish"),
-    "job": ("+info", "+client|setname", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hset",
+    "node": ("+info", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hmget", "+hset", "+hdel",
+             "+hexists", "+hincrby", "+hincrbyfloat", "+zadd", "+zrem", "+xrange", "+xadd", "+rpush", "+sadd",
+             "+subscribe", "+unsubscribe", "+publish"),
+    "job": ("+info", "+client|setname", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hmget", "+hset",
             "+hdel", "+hexists", "+hincrby", "+hincrbyfloat", "+zadd", "+zrem", "+xrange", "+xadd", "+lrange",
             "+rpush", "+ltrim", "+sadd", "+subscribe", "+unsubscribe", "+publish"),
 }

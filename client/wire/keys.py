@@ -214,6 +214,7 @@ TARGETS = PREFIX + "targets"
 MAILBOXES = PREFIX + "mailboxes"
 # Set once the service has brought the playbook states of an earlier version to today's layout (service/upgrade.py).
 STATES_UPGRADED = PREFIX + "upgraded:playbook-states"
+STATES_UPGRADING = PREFIX + "upgrading:playbook-states"  # the lock of the one service doing it
 # Target labels by the earliest due time (ms) of their due items: what the reconciler visits next.
 DUE = PREFIX + "due"
 # The reconcilers' lease: one of them ticks at a time (correct without it, just wasteful).
