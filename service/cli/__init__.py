@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from trainmedic.client.settings import SettingsError
 
 from ..settings import ServiceSettings
-from . import agent, approve, check, credentials, history, match, send, serve, show
+from trainmedic.client.agent import cli as agent
+
+from . import approve, check, credentials, history, match, send, serve, show
 from .common import CliError, Parser
 
 COMMANDS = (serve, agent, check, send, history, show, match, approve, credentials)

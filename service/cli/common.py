@@ -1,48 +1,14 @@
-"""What every `trainmedic` command shares: the one-line error, the extras check, the service's API."""
+"""What the service's `trainmedic` commands share: the service's API, and the basics every command shares
+(trainmedic.client.cli)."""
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import sys
-from typing import Any, NoReturn
+from typing import Any
+
+from trainmedic.client.cli import EXTRA_OF, CliError, Parser, UsageError, need
 
 from ..settings import ServiceSettings
 
-# Which extra brings each third-party module a command needs.
-EXTRA_OF = {"flask": "service", "gunicorn": "service", "yaml": "service", "prometheus_client": "service",
-            "requests": "agent", "cryptography": "agent"}
-
-
-class CliError(Exception):
-    """A one-line error for the user; the command exits with `code` (1 unless said otherwise)."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
-
-
-class UsageError(CliError):
-    """Bad usage or invalid input: exit code 2."""
-
-    def __init__(self, message: str):
-        super().__init__(message, 2)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"trainmedic: {message} (see `{self.prog} --help`)\n")
-        sys.exit(2)
-
-
-def need(command: str, *modules: str) -> None:
-    """Fail in one line when a module the command needs is missing, naming the extra that brings it."""
-    for module in modules:
-        if importlib.util.find_spec(module) is None:
-            extra = EXTRA_OF.get(module, "service")
-            raise CliError(f"`trainmedic {command}` needs the {extra} extra ({module} is not installed): "
-                           f"pip install 'trainmedic[{extra}]'")
+__all__ = ["EXTRA_OF", "CliError", "Parser", "UsageError", "need", "api", "operator_token", "read_token", "call"]
 
 
 def api(settings: ServiceSettings, url: str | None, token: str | None = None) -> Any:

@@ -1,4 +1,5 @@
-"""`trainmedic agent --node NAME`: the node agent for one GPU host (needs only the [agent] extra)."""
+"""`trainmedic agent --node NAME`: the node agent for one GPU host (needs only the [agent] extra). It lives
+with the agent, in the client package that GPU nodes install; the `trainmedic` command routes to it."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from typing import Any
 from trainmedic.client.settings import Settings
 from trainmedic.client.wire.keys import TARGET_NAME_RE
 
-from .common import CliError, UsageError, need
+from trainmedic.client.cli import CliError, UsageError, need
 
 
 def add(sub: Any) -> None:
