@@ -17,6 +17,7 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+from collections.abc import Mapping
 
 from trainmedic.client.wire import keys, records
 from trainmedic.client.wire.actions import CATALOGUE
@@ -47,7 +48,7 @@ class Step0:
     timeout: float
 
 
-def pending_step(h: dict[str, str]) -> Step0 | None:
+def pending_step(h: Mapping[str, Any]) -> Step0 | None:
     """The record's checkpoint_jobs step when it is still pending, else None."""
     for i in range(int(h.get("n") or 0)):
         spec = json.loads(h.get(f"a:{i}:spec") or "{}")
@@ -88,7 +89,7 @@ class Checkpoints:
             found.extend(t.name for t, raw in zip(batch, pipe.execute()) if on_node(raw, node))
         return sorted(found)
 
-    def plan(self, h: dict[str, str], step: Step0, now: float) -> dict[str, Any]:
+    def plan(self, h: Mapping[str, Any], step: Step0, now: float) -> dict[str, Any]:
         """The node record's checkpoint plan: made by the first pass, read back by every later one."""
         rid = h["id"]
         if h.get("ckpt"):
@@ -101,7 +102,7 @@ class Checkpoints:
             return dict(json.loads(records.field(self.r, rid, "ckpt") or "{}"))
         return plan
 
-    def start(self, h: dict[str, str], plan: dict[str, Any], pb: Playbook | None, now: float) -> None:
+    def start(self, h: Mapping[str, Any], plan: dict[str, Any], pb: Playbook | None, now: float) -> None:
         """Decide each job's save_checkpoint record that does not exist yet (under its planned id)."""
         jobs = [(str(job), str(cid)) for job, cid in plan.get("jobs") or []]
         if not jobs:
@@ -124,7 +125,7 @@ class Checkpoints:
             log.info("checkpoint of job %s for %s: %s", job, h["id"], o.status,
                      extra={"remediation_id": cid, "target": f"job:{job}"})
 
-    def wait(self, h: dict[str, str], step: Step0, pb: Playbook | None,
+    def wait(self, h: Mapping[str, Any], step: Step0, pb: Playbook | None,
              now: float) -> tuple[str, str, str] | None:
         """(status, reason, result JSON) of the checkpoint step once its wait is over, else None (still waiting)."""
         plan = self.plan(h, step, now)

@@ -15,7 +15,7 @@ from ..prometheus import Prometheus, PrometheusError
 from ..rules import conditions
 from ..rules.playbooks import Playbook
 from .checkpoints import Checkpoints, pending_step
-from .dispatch import Dispatcher, command_for, steps_of
+from .dispatch import Dispatcher, command_for
 
 log = logging.getLogger("trainmedic.conditions")
 
@@ -60,32 +60,32 @@ class Conditions:
             return ActionReason.CONDITION_FALSE, f"The condition returned nothing, so the step did not run: {query}"
         return None, f"The condition held: {query}"
 
-    def run(self, target: keys.Target, h: dict[str, str], now: float, pb: Playbook | None = None) -> str | None:
+    def run(self, target: keys.Target, rec: records.StoredRecord, now: float,
+            pb: Playbook | None = None) -> str | None:
         """Carry out checkpoint_jobs first, then evaluate the pending steps' conditions and send the rest; the
         record's status after (None while its jobs' checkpoints are awaited, or when another did it)."""
         early: list[tuple[int, str, str, str]] = []
         results: dict[int, str] = {}
         send = []
-        if not records.intact(h["id"], h, self.dispatcher.signer):
+        rid, h = rec.id, rec.raw
+        pending = [i for i in range(rec.n) if rec.action_status(i) == ActionStatus.PENDING]
+        if not records.intact(rid, h, self.dispatcher.signer):
             # Its hash no longer holds what was decided: nothing of it is sent.
-            self.dispatcher.refuse_tampered(h["id"], "sending its steps after their conditions")
-            early = [(i, ActionStatus.SKIPPED, ActionReason.TAMPERED, TAMPERED)
-                     for i in range(int(h.get("n") or 0)) if h.get(f"a:{i}:status") == ActionStatus.PENDING]
-            return records.deferred(self.dispatcher.scripts, h["id"], now, "", "", tuple(early),
+            self.dispatcher.refuse_tampered(rid, "sending its steps after their conditions")
+            early = [(i, ActionStatus.SKIPPED, ActionReason.TAMPERED, TAMPERED) for i in pending]
+            return records.deferred(self.dispatcher.scripts, rid, now, "", "", tuple(early),
                                     self.dispatcher.settings.mailbox_maxlen, Reason.TAMPERED)
         ckpt = pending_step(h)
         if ckpt is not None:
             done = self.checkpoints.wait(h, ckpt, pb, now)
             if done is None:
-                self.checkpoints.retry_at(target, h["id"], now)
+                self.checkpoints.retry_at(target, rid, now)
                 return None
             early.append((ckpt.index, done[0], done[1], ""))
             results[ckpt.index] = done[2]
-        steps = steps_of(h)
-        context = records.loads_or(h.get("context"), {})
-        values = self.values(target, context)
-        for i, st in enumerate(steps):
-            if h.get(f"a:{i}:status") != ActionStatus.PENDING or i in results:
+        values = self.values(target, rec.context)
+        for i, st in enumerate(rec.steps):
+            if i not in pending or i in results:
                 continue
             if st.when:
                 reason, why = self.evaluate(st.when, values)
@@ -95,14 +95,14 @@ class Conditions:
             send.append((i, st))
         text = signature = ""
         if send:
-            alert = records.alert_of(h)
+            alert = rec.alert
             expires = int(h.get("expires_ms") or 0) / 1000
-            cmd = command_for(h["id"], target, send, context, now, max(1.0, expires - now),
+            cmd = command_for(rid, target, send, rec.context, now, max(1.0, expires - now),
                               alert.get("fingerprint", ""), records.fence_of(h, alert), alert.get("starts_at", ""))
             text = cmd.to_json()
             signature = self.dispatcher.signer.sign(text.encode())
-        status = records.deferred(self.dispatcher.scripts, h["id"], now, text, signature, tuple(early),
+        status = records.deferred(self.dispatcher.scripts, rid, now, text, signature, tuple(early),
                                   self.dispatcher.settings.mailbox_maxlen, results=results)
-        log.info("conditions of %s evaluated: %d step(s) sent, %d skipped", h["id"], len(send), len(early),
-                 extra={"remediation_id": h["id"], "target": target.label})
+        log.info("conditions of %s evaluated: %d step(s) sent, %d skipped", rid, len(send), len(early),
+                 extra={"remediation_id": rid, "target": target.label})
         return status

@@ -90,21 +90,21 @@ class FollowUp:
 
     def run(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
         """Do what is due for the record, then set when it is next due (or stop following it)."""
-        h = records.stored(self.r, rid)
-        if h.get("conds") == "1" and h.get("status") == RecordStatus.DISPATCHED:
-            ran = self.conditions.run(target, h, now, self.playbooks.get(h.get("playbook", "")))
-            h = records.stored(self.r, rid) if ran else h
-        pb = self.playbooks.get(h.get("playbook", "")) if h else None
-        if not h or h.get("follow") != "1" or pb is None:
+        rec = records.load(self.r, rid)
+        if rec is not None and rec.raw.get("conds") == "1" and rec.status == RecordStatus.DISPATCHED:
+            ran = self.conditions.run(target, rec, now, self.playbooks.get(rec.playbook))
+            rec = records.load(self.r, rid) if ran else rec
+        pb = self.playbooks.get(rec.playbook) if rec is not None else None
+        if rec is None or not rec.follow or pb is None:
             self._stop(target, rid)
             return
-        status = h["status"]
-        if h.get("breaker_opened") and h.get("reason") == Reason.BREAKER_OPEN:
+        h, status = rec.raw, rec.status
+        if h.get("breaker_opened") and rec.reason == Reason.BREAKER_OPEN:
             # The refusal that opened its playbook's breaker: one notification, nothing else to follow.
             self._notify(h, pb, ["breaker_open"])
             self._stop(target, rid)
             return
-        if status == RecordStatus.SKIPPED and h.get("reason") == Reason.NO_ACTIONS:
+        if status == RecordStatus.SKIPPED and rec.reason == Reason.NO_ACTIONS:
             # A playbook with nothing to run (TrainingHang's): one notification, nothing else to follow.
             self._notify(h, pb, ["no_actions"])
             self._stop(target, rid)
@@ -114,10 +114,10 @@ class FollowUp:
             return  # RECONCILE keeps it due at its approval deadline
         if self._silence_wanted(h, pb) and status in (RecordStatus.DISPATCHED, RecordStatus.APPLIED,
                                                                 RecordStatus.PARTIALLY_APPLIED):
-            h["silence_id"] = self._make_silence(h, pb, now) or ""
+            rec = records.StoredRecord.from_hash(rid, {**h, "silence_id": self._make_silence(h, pb, now) or ""})
         if status == RecordStatus.DISPATCHED:
             return  # RECONCILE keeps it due at its expiry
-        work = _Pass(self, target, h, pb, now, view)
+        work = _Pass(self, target, rec, pb, now, view)
         due = work.run()
         if due is None:
             self._stop(target, rid)
@@ -268,14 +268,16 @@ class FollowUp:
 class _Pass:
     """One look at one settled (or dry-run) record: what is due now, and when to look again."""
 
-    def __init__(self, f: FollowUp, target: keys.Target, h: dict[str, str], pb: Playbook, now: float,
+    def __init__(self, f: FollowUp, target: keys.Target, rec: records.StoredRecord, pb: Playbook, now: float,
                  view: AlertView):
-        self.f, self.target, self.h, self.pb, self.now, self.view = f, target, h, pb, now, view
-        self.rid = h["id"]
-        self.stage = int(h.get("stage") or 0)
-        self.alert = records.alert_of(h)
+        self.f, self.target, self.rec, self.pb, self.now, self.view = f, target, rec, pb, now, view
+        # The hash itself: the seal checks and the service's marks (silence, ladder_end...) read it.
+        self.h = h = rec.raw
+        self.rid = rec.id
+        self.stage = rec.stage
+        self.alert = rec.alert
         self.fingerprint = str(self.alert.get("fingerprint", ""))
-        self.first = h if not h.get("parent") else (records.stored(f.r, h["parent"]) or h)
+        self.first = h if rec.parent is None else (records.stored(f.r, rec.parent) or h)
         self.events: list[str] = []
         self.due: list[float] = []
         self._active: bool | None = None
@@ -289,11 +291,10 @@ class _Pass:
     def applied_at(self) -> float:
         """The last ack of an applied action (as the record shows it), else when the record settled or was made
         (a dry run): what time to resolve and a stage's `after` count from."""
-        h = self.h
-        times = [parse_rfc3339(h.get(f"a:{i}:acked_at")) for i in range(int(h.get("n") or 0))
-                 if h.get(f"a:{i}:status") == ActionStatus.APPLIED]
+        rec = self.rec
+        times = [parse_rfc3339(rec.acked_at(i)) for i in range(rec.n) if rec.action_status(i) == ActionStatus.APPLIED]
         known = [t for t in times if t is not None]
-        return max(known) if known else int(h.get("settled_ms") or h.get("created_ms") or 0) / 1000
+        return max(known) if known else int(rec.raw.get("settled_ms") or rec.raw.get("created_ms") or 0) / 1000
 
     def resolved(self) -> Resolved | None:
         """The resolve of this record's episode (or of a later one), from the resolve notification."""
@@ -309,14 +310,14 @@ class _Pass:
         return bool(self.first.get("silence_id")) and not self.first.get("ladder_end") and self.view.configured
 
     def run(self) -> float | None:
-        status = self.h["status"]
+        status = self.rec.status
         if status in (RecordStatus.FAILED, RecordStatus.LOST):
             self.events.append(status)
         res = self.resolved()
-        outcome = records.loads_or(self.h.get("outcome"))
-        if outcome:
-            outcome, res = self.outcome(outcome["status"], res)
-        if self.h.get("verify_ms") and not self.h.get("next") and not self.first.get("ladder_end"):
+        stored, outcome = self.rec.outcome, None
+        if stored:
+            outcome, res = self.outcome(stored["status"], res)
+        if self.h.get("verify_ms") and self.rec.next is None and not self.first.get("ladder_end"):
             self.ladder(status, outcome, res)
         self.f._notify(self.h, self.pb, self.events)
         return min(self.due) if self.due else None
@@ -358,7 +359,7 @@ class _Pass:
         if res is not None:
             f.end_ladder(self.first, pb, "resolved", self.events)
         elif status in APPLIED_NOTHING:
-            reason = self.h.get("reason") or ""
+            reason = self.rec.reason or ""
             ends: dict[str, str] = {Reason.REJECTED: "rejected", Reason.RESOLVED_BEFORE_APPROVAL: "resolved"}
             how = ends.get(reason, "unresolved")
             f.end_ladder(self.first, pb, how, self.events)
