@@ -82,17 +82,14 @@ def target_url(admin_url: str, t: keys.Target, password: str) -> str:
 def issue(r: Any, admin_url: str, t: keys.Target) -> Credentials:
     """Create the target's user, or rotate it (its old password stops working), and persist it when Redis has
     an ACL file; r is a connection allowed to run ACL SETUSER."""
-    from trainmedic.client.wire.redis import is_cluster
+    from trainmedic.client.wire.cluster import on_every_node
 
-    # Redis Cluster keeps users per node: every node gets the same user.
-    every = {"target_nodes": r.ALL_NODES} if is_cluster(r) else {}
     password = secrets.token_urlsafe(32)
-    r.execute_command("ACL", "SETUSER", user_name(t), "reset", "on", f">{password}", *rules(t), **every)
-    answer = r.execute_command("CONFIG", "GET", "aclfile", **every)
-    files = answer.values() if is_cluster(r) else [answer]
-    saved = all(_aclfile(a) for a in files)
+    # Redis Cluster keeps users per node: every node gets the same user.
+    on_every_node(r, "ACL", "SETUSER", user_name(t), "reset", "on", f">{password}", *rules(t))
+    saved = all(_aclfile(a) for a in on_every_node(r, "CONFIG", "GET", "aclfile"))
     if saved:
-        r.execute_command("ACL", "SAVE", **every)
+        on_every_node(r, "ACL", "SAVE")
     return Credentials(t, acl_line(t, password), target_url(admin_url, t, password), saved)
 
 

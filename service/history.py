@@ -9,7 +9,7 @@ The index (README "HTTP API", GET /history: full pages, every record within rete
 - Per target, `{tag}:hist` holds the target's record ids by sequence number (the `target=` filter).
 - The scripts that make a record or change its status or outcome push its id to a journal (lua/common.lua
   `hist_touch`): the global one on a single Redis, the target's own on Redis Cluster (a script may only touch
-  its slot), where whoever ran the script then names the target in `keys.HIST_DIRTY` (client/wire/redis.py
+  its slot), where whoever ran the script then names the target in `keys.HIST_DIRTY` (client/wire/cluster.py
   `mark_journaled`: the service, and trainers and agents for their claims and acks). `catch_up` (one indexer
   at a time, under a lock) first moves the named targets' journals into the global one, then folds it into
   the indexes, reading each record's current status and outcome, so the order in which changes were
@@ -21,7 +21,8 @@ The index (README "HTTP API", GET /history: full pages, every record within rete
   so an indexer whose lock lapsed writes nothing (the next one does it). On Redis Cluster (no transaction
   across slots) the lock is checked between batches only: a batch that stalls past LOCK_MS can still overlap
   the next indexer's first batch (both write the records' current state, but a new record could get two
-  sequence numbers); batches there are DRAIN_BATCH entries, folded from the service in Python.
+  sequence numbers); batches there are DRAIN_BATCH entries, folded from the service in Python (`_drain_batch`).
+  Which of the two runs, and the journals' forwarding, is client/wire/cluster.py's (`fold_batch`).
 - A query walks candidates newest first (the history, a target's set, or the AND of bitmaps segment by
   segment), reads their records and checks each against the query (a stale bit can only add a candidate,
   never hide one), until the page has `limit` records and one more says there is a next page.
@@ -35,16 +36,14 @@ import hashlib
 import heapq
 import itertools
 import json
-import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from trainmedic.client.wire import keys
+from trainmedic.client.wire import cluster, keys
 from trainmedic.client.wire.records import Outcome, RecordStatus, StoredRecord, lua
-from trainmedic.client.wire.redis import is_cluster
 
 from .errors import BadRequest, NotFound
 
@@ -58,7 +57,6 @@ SEG = 1 << SEG_BITS
 DRAIN_BATCH = 1000
 # Journal entries one FOLD script takes on a single Redis (~35 µs of Redis each: it holds Redis ~4 ms).
 FOLD_BATCH = 100
-FORWARD_BATCH = 10_000  # entries moved from one target's journal at a time (Redis Cluster)
 LOCK_MS = 10_000
 # Records the retention sweep checks per tick for having expired by age (oldest first).
 SWEEP_PROBE = 1000
@@ -152,27 +150,25 @@ def catch_up(r: Any, wait: float = 1.0) -> int:
     One indexer at a time: a caller that finds another one at work waits for it (up to `wait` seconds), so
     that what was journaled before the call is indexed when it returns. On Redis Cluster it first moves the
     journals of the targets named in keys.HIST_DIRTY into the global one."""
-    cluster = is_cluster(r)
-    if not _pending(r, cluster):
+    if not cluster.journal_pending(r):
         return 0
-    # On a single Redis the indexer empties the journal in the transaction that writes the indexes, so an
-    # empty journal means everything journaled before is indexed: a waiter may stop there. A cluster's
-    # pipeline spans nodes with no order between them: there, wait for the lock.
-    token = _lock(r, wait, until_empty=not cluster)
+    # A waiter may stop once the journal shows everything before it indexed (cluster.journal_indexed);
+    # otherwise it waits for the lock.
+    token = _lock(r, wait, until=cluster.journal_indexed)
     if token is None:
         return 0
     try:
-        return _fold(r, token, cluster)
+        return _fold(r, token)
     finally:
         _unlock(r, token)
 
 
-def _lock(r: Any, wait: float, until_empty: bool = False) -> str | None:
-    """Take the indexer's lock (waiting up to `wait` seconds): its token, or None."""
+def _lock(r: Any, wait: float, until: Callable[[Any], bool] | None = None) -> str | None:
+    """Take the indexer's lock (waiting up to `wait` seconds, or until `until(r)`): its token, or None."""
     token = uuid.uuid4().hex
     deadline = time.monotonic() + wait
     while not r.set(keys.HIST_LOCK, token, nx=True, px=LOCK_MS):
-        if time.monotonic() > deadline or (until_empty and not r.llen(keys.HIST_JOURNAL)):
+        if time.monotonic() > deadline or (until is not None and until(r)):
             return None
         time.sleep(0.002)
     return token
@@ -183,13 +179,11 @@ def _unlock(r: Any, token: str) -> None:
         r.delete(keys.HIST_LOCK)
 
 
-def _fold(r: Any, token: str, cluster: bool) -> int:
+def _fold(r: Any, token: str) -> int:
     """Fold the journal into the indexes, holding the lock."""
     done = 0
     while True:
-        if cluster:
-            _forward_dirty(r)
-        n = _drain_batch(r, token, cluster)
+        n = cluster.fold_batch(r, lambda: _fold_script(r, token), lambda: _drain_batch(r))
         if n <= 0:  # done, or the lock lapsed (a batch stalled past LOCK_MS): the next indexer goes on
             return done
         done += n
@@ -198,55 +192,15 @@ def _fold(r: Any, token: str, cluster: bool) -> int:
         r.pexpire(keys.HIST_LOCK, LOCK_MS)
 
 
-def _pending(r: Any, cluster: bool) -> bool:
-    return bool(r.llen(keys.HIST_JOURNAL) or (cluster and r.exists(keys.HIST_DIRTY)))
+def _fold_script(r: Any, token: str) -> int:
+    """A single Redis: fold a batch in one script (lua/fold.lua); entries it took, or -1 when the lock was not ours."""
+    # Atomic: no round trips per record, and nothing written once the lock is no longer ours.
+    return int(r.register_script(lua("fold"))(
+        keys=[keys.HIST_JOURNAL, keys.HIST_LOCK, keys.HIST_SEQ, keys.HISTORY],
+        args=[token, FOLD_BATCH, SEG, keys.HIST_PREFIX, keys.PREFIX]))
 
 
-_LABEL = re.compile(r"^(job|node):([A-Za-z0-9_.:@-]{0,128})\Z")
-
-
-def _forward_dirty(r: Any) -> int:
-    """Redis Cluster: move the own journals of the targets named in keys.HIST_DIRTY to the global one (under
-    the indexer's lock). A target is unnamed before its journal is read, so one written meanwhile is named
-    again by its writer and moved next time."""
-    moved = 0
-    while True:
-        labels = r.srandmember(keys.HIST_DIRTY, 1000)
-        if not labels:
-            return moved
-        r.srem(keys.HIST_DIRTY, *labels)
-        targets = {m.group(0): keys.Target(m.group(1), m.group(2)) for m in map(_LABEL.match, labels) if m}
-        pipe = r.pipeline(transaction=False)
-        for t in targets.values():
-            pipe.lrange(keys.hist_journal(t), 0, FORWARD_BATCH - 1)
-        got = pipe.execute()
-        rids = [rid for ids in got for rid in ids]
-        if not rids:
-            continue
-        r.rpush(keys.HIST_JOURNAL, *rids)
-        pipe = r.pipeline(transaction=False)
-        for t, ids in zip(targets.values(), got):
-            if ids:
-                pipe.ltrim(keys.hist_journal(t), len(ids), -1)
-        full = [label for label, ids in zip(targets, got) if len(ids) == FORWARD_BATCH]
-        if full:  # more left: next round
-            pipe.sadd(keys.HIST_DIRTY, *full)
-        pipe.execute()
-        moved += len(rids)
-
-
-def _drain_batch(r: Any, token: str, cluster: bool) -> int:
-    """Fold a batch of journal entries; how many it took, or -1 when the lock was no longer ours."""
-    if not cluster:
-        # One atomic script (client/wire/lua/fold.lua): no round trips per record, and nothing written once
-        # the lock is no longer ours.
-        return int(r.register_script(lua("fold"))(
-            keys=[keys.HIST_JOURNAL, keys.HIST_LOCK, keys.HIST_SEQ, keys.HISTORY],
-            args=[token, FOLD_BATCH, SEG, keys.HIST_PREFIX, keys.PREFIX]))
-    return _drain_batch_cluster(r)
-
-
-def _drain_batch_cluster(r: Any) -> int:
+def _drain_batch(r: Any) -> int:
     """Redis Cluster: fold up to DRAIN_BATCH journal entries from here (the records live in other slots)."""
     rids = r.lrange(keys.HIST_JOURNAL, 0, DRAIN_BATCH - 1)
     if not rids:
@@ -339,7 +293,7 @@ def trim(r: Any, keep: int, cap: int = 10_000) -> int:
     if token is None:
         return 0
     try:
-        _fold(r, token, is_cluster(r))
+        _fold(r, token)
         return _trim(r, keep, cap)
     finally:
         _unlock(r, token)

@@ -15,8 +15,8 @@ from operator import add, ne
 from typing import Any
 
 from trainmedic.client.wire import keys
+from trainmedic.client.wire.cluster import mget
 from trainmedic.client.wire.protocol import parse_signals
-from trainmedic.client.wire.redis import is_cluster
 
 # (metric name, help, index in a signals line), in the order /metrics lists them.
 GAUGES = (
@@ -27,16 +27,6 @@ GAUGES = (
      "Samples the job processes per second (the lowest over its ranks).", 4),
     ("trainmedic_training_grad_norm", "The job's latest gradient norm (the highest over its ranks).", 5),
 )
-CHUNK = 5000
-
-
-def mget(r: Any, names: Sequence[str]) -> list[str | None]:
-    """Values of many keys in as few round trips as the keyspace allows (slots split on a cluster)."""
-    out: list[str | None] = []
-    for i in range(0, len(names), CHUNK):
-        part = list(names[i:i + CHUNK])
-        out.extend(r.mget_nonatomic(part) if is_cluster(r) else r.mget(part))
-    return out
 
 
 def recent_jobs(r: Any, now: float, within: float) -> list[keys.Target]:

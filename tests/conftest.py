@@ -18,8 +18,9 @@ from trainmedic.client.wire.signing import Signer
 from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 
-# Fixtures other test modules share: the NVML stand-in and node agents as real processes.
-pytest_plugins = ["tests.support.nvml", "tests.support.browser"]
+# Fixtures other test modules share: the NVML stand-in and node agents as real processes, the browser, and a
+# Redis Cluster for the tests that run on both keyspaces.
+pytest_plugins = ["tests.support.nvml", "tests.support.browser", "tests.support.keyspaces"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "alertmanager-0.25"
@@ -47,13 +48,22 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 
 
 @pytest.fixture
-def redis_url(redis_server: EmbeddedRedis) -> str:
+def keyspace(request: pytest.FixtureRequest) -> str:
+    """"single", or "cluster" for a test marked tests.support.keyspaces.BOTH in its cluster run."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def redis_url(keyspace: str, redis_server: EmbeddedRedis, request: pytest.FixtureRequest) -> str:
+    if keyspace == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
     return redis_server.url
 
 
 @pytest.fixture
-def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+def r(keyspace: str, redis_url: str) -> Iterator[redis.Redis]:
+    cls = redis.RedisCluster if keyspace == "cluster" else redis.Redis
+    client = cls.from_url(redis_url, decode_responses=True)
     client.flushall()
     yield client
     client.flushall()

@@ -15,6 +15,7 @@ from trainmedic.service import history
 
 from tests.conftest import load_fixture, post_json, write_playbooks
 from tests.support.jobs import entry_command, wait_record
+from tests.support.keyspaces import BOTH
 from tests.support.loop import Loop
 from tests.support.nvml import NvmlState
 
@@ -165,6 +166,7 @@ def test_a_handler_registered_after_start_is_in_the_next_heartbeat_within_a_seco
     loop.rc.close()
 
 
+@BOTH
 def test_decide_reads_the_heartbeat_itself_and_the_service_reads_it_only_when_the_command_must_change(
         make_app: Any, r: redis.Redis, tmp_path: Path) -> None:
     app = make_app(playbooks=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS)))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 from trainmedic.client.wire import keys
 from trainmedic.service import history
@@ -15,6 +16,7 @@ from trainmedic.service.rules.playbooks import load
 
 from tests.conftest import ROOT, SIGNING_KEY, load_fixture
 from tests.support.jobs import entry_command
+from tests.support.keyspaces import BOTH, oldest_first
 
 JOB = keys.Target("job", "llama-ft-01")
 
@@ -24,6 +26,7 @@ def run(r, body: dict, **settings):
     return dispatcher.execute(plan(parse_group(body), load([ROOT / "playbooks"])))
 
 
+@BOTH
 def test_record_and_command_are_written_together(r) -> None:
     [o] = run(r, load_fixture("firing_single.json"))
     h = r.hgetall(keys.record(o.record_id))
@@ -33,6 +36,7 @@ def test_record_and_command_are_written_together(r) -> None:
     assert r.pttl(keys.record(o.record_id)) > 0  # history is bounded in age
 
 
+@BOTH
 def test_a_later_start_is_a_new_episode(r) -> None:
     body = load_fixture("firing_group.json")
     body["alerts"] = body["alerts"][:1]
@@ -46,6 +50,7 @@ def test_a_later_start_is_a_new_episode(r) -> None:
     assert dup.status == "duplicate"
 
 
+@BOTH
 def test_a_resend_refreshes_the_episode_and_heals_the_index(r) -> None:
     body = load_fixture("firing_single.json")
     [first] = run(r, body)
@@ -60,6 +65,27 @@ def test_a_resend_refreshes_the_episode_and_heals_the_index(r) -> None:
     assert r.pttl(ep) > 1000
 
 
+@BOTH
+def test_decide_indexes_the_held_records_the_due_targets_and_the_journal_of_what_it_made(r) -> None:
+    # One notification, two targets (two hash slots on a cluster): a job's loss spike goes out, a node's drain
+    # is held for approval (4 h). The approvals and due-target indexes and the history list them at once.
+    body = load_fixture("firing_single.json")
+    xid = {**body["alerts"][0], "labels": {"alertname": "GPUXidError", "severity": "critical",
+                                           "node": "gpu-node-01", "xid_class": "drain"}, "fingerprint": "x1d0"}
+    body["alerts"].append(xid)
+    before = time.time()
+    sent, held = run(r, body)
+    assert (sent.status, held.status) == ("dispatched", "pending_approval")
+    assert r.zrange(keys.APPROVALS, 0, -1) == [held.record_id]
+    assert before + 4 * 3600 <= float(r.zscore(keys.APPROVALS, held.record_id)) <= time.time() + 4 * 3600
+    due = dict(r.zrange(keys.DUE, 0, -1, withscores=True))
+    assert set(due) == {JOB.label, "node:gpu-node-01"}
+    assert all(before * 1000 < ms <= (time.time() + 4 * 3600) * 1000 for ms in due.values())
+    assert r.zcard(keys.HISTORY) == 0 and history.catch_up(r) == 2
+    assert set(r.zrange(keys.HISTORY, 0, -1)) == {sent.record_id, held.record_id}
+
+
+@BOTH
 def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
     [o] = run(r, load_fixture("firing_single.json"), dry_run=True)
     assert o.status == "dry_run"
@@ -70,11 +96,13 @@ def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
     assert set(r.hgetall(keys.playbook_state(JOB, "loss-spike"))) == {"071ff15f8faead0f|open", "071ff15f8faead0f|rid"}
 
 
+@BOTH
 def test_a_resolved_alert_never_seen_firing_does_nothing(r) -> None:
     assert [o.status for o in run(r, load_fixture("resolved.json"))] == ["stale"]
     assert r.zcard(keys.HISTORY) == 0
 
 
+@BOTH
 def test_history_past_its_count_is_deleted_not_only_unlisted(r) -> None:
     body = load_fixture("firing_single.json")
     made = []
@@ -83,6 +111,7 @@ def test_history_past_its_count_is_deleted_not_only_unlisted(r) -> None:
         b["alerts"][0]["fingerprint"] = f"{i:016x}"
         b["alerts"][0]["labels"]["job_name"] = f"j{i}"
         made += [o.record_id for o in run(r, b)]
+    made = oldest_first(r, made)
     dispatcher = Dispatcher(r, Signer.from_secret(SIGNING_KEY), DispatchSettings())
     report = Reconciler(r, dispatcher, [], ReconcilerSettings(history_max=3)).tick()
     assert report.trimmed == 2
@@ -96,6 +125,7 @@ def test_record_ids_sort_in_creation_order_and_name_their_target() -> None:
     assert all(keys.target_of_record(i) == JOB for i in ids)
 
 
+@BOTH
 def test_a_redis_that_lost_its_scripts_still_decides_each_alert_once(r) -> None:
     run(r, load_fixture("firing_single.json"))
     r.script_flush()  # as after a Redis restart or a fresh cluster node

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from tests.conftest import load_fixture, post_json
+from tests.support.keyspaces import BOTH, oldest_first
 
 
 def fire(http, n: int, alertname: str = "TrainingLossSpike", job: str = "job") -> list[str]:
@@ -26,6 +27,7 @@ def test_history_is_newest_first(http, r) -> None:
     assert [i["id"] for i in items] == list(reversed(ids))
 
 
+@BOTH
 def test_the_cursor_pages_through_everything_once(http, r) -> None:
     ids = fire(http, 23)
     seen, cursor = [], None
@@ -36,9 +38,10 @@ def test_the_cursor_pages_through_everything_once(http, r) -> None:
         cursor = page["next"]
         if cursor is None:
             break
-    assert seen == list(reversed(ids))
+    assert seen == oldest_first(r, ids)[::-1]
 
 
+@BOTH
 def test_filters_select_records(http, r) -> None:
     fire(http, 3, "TrainingLossSpike")
     fire(http, 2, "GPUMemoryUsageHigh", job="mem")
@@ -50,6 +53,7 @@ def test_filters_select_records(http, r) -> None:
     assert http.get("/history?status=applied").json == {"items": [], "next": None}
 
 
+@BOTH
 def test_a_filtered_page_has_a_cursor_to_the_rest(http, r) -> None:
     fire(http, 4, "GPUMemoryUsageHigh", job="mem")
     fire(http, 4)
@@ -71,8 +75,9 @@ def test_an_unknown_record_is_404(http, r) -> None:
     assert http.get("/remediations/01M80ESM7D0FSDEQNX5WRJ7D3V~job~x").status_code == 404
 
 
+@BOTH
 def test_expired_records_drop_out_of_the_index(http, r) -> None:
-    ids = fire(http, 3)
+    ids = oldest_first(r, fire(http, 3))
     from trainmedic.client.wire import keys
     r.delete(keys.record(ids[1]))
     assert [i["id"] for i in http.get("/history").json["items"]] == [ids[2], ids[0]]

@@ -20,6 +20,7 @@ from trainmedic.client.wire.protocol import Ack
 from trainmedic.service.embedded_redis import free_port
 
 from tests.conftest import AUTH, load_fixture, post_json
+from tests.support.keyspaces import BOTH
 
 
 def loss_spike(job: str, fingerprint: str, status: str = "firing") -> dict:
@@ -148,6 +149,7 @@ def test_ack_latency_lands_in_the_right_bucket(http: Any, r: redis.Redis) -> Non
     assert 3.0 <= value(s, "trainmedic_ack_latency_seconds_sum", action="scale_lr") < 4.0
 
 
+@BOTH
 def test_backlog_counts_commands_not_yet_applied_waiting_or_delivered_by_kind(http: Any, r: redis.Redis) -> None:
     for i in range(3):
         assert post_json(http, "/webhook", loss_spike(f"idle-{i}", f"c{i}")).status_code == 200

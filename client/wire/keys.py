@@ -183,7 +183,7 @@ HIST_SEQ = PREFIX + "hist:seq"
 HIST_LOCK = PREFIX + "hist:lock"
 HIST_PREFIX = PREFIX + "hist:"
 # Redis Cluster: labels of targets whose own journal (hist_journal) may hold entries not yet moved to
-# HIST_JOURNAL. Whoever runs a journaling script there adds its target (client/wire/redis.py); the indexer
+# HIST_JOURNAL. Whoever runs a journaling script there adds its target (client/wire/cluster.py); the indexer
 # moves those journals first, so a change is indexed before the next query even if the reconciler never
 # visits its target.
 HIST_DIRTY = PREFIX + "hist:dirty"

@@ -17,8 +17,9 @@ from typing import Any, Literal
 from collections.abc import Callable, Iterable, Mapping
 
 from . import keys
+from .cluster import is_cluster
 from .protocol import Ack, compact_json, dumps, fence, rfc3339
-from .redis import GuardedScript, is_cluster
+from .redis import GuardedScript
 from .views import TIME, View, schema_of, shown, sometimes
 
 

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 
-from . import keys as wire_keys
+from . import cluster
 
 DEFAULT_TIMEOUT = 2.0
 
@@ -36,7 +34,7 @@ class GuardedScript:
     def __init__(self, script: Any, journals: bool = False):
         self._script = script
         # Whether the script may journal a history change (lua/common.lua hist_touch): on a cluster, in its
-        # target's slot, so the target is named in keys.HIST_DIRTY after it ran (mark_journaled).
+        # target's slot, so the target is named in keys.HIST_DIRTY after it ran (cluster.mark_journaled).
         self.journals = journals
 
     @property
@@ -53,23 +51,8 @@ class GuardedScript:
         except redis.exceptions.NoPermissionError as exc:
             raise _not_loaded(exc) from exc
         if self.journals:
-            mark_journaled(client or self._script.registered_client, list(keys))
+            cluster.mark_journaled(client or self._script.registered_client, list(keys))
         return answer
-
-
-_TAGGED = re.compile(r"^" + re.escape(wire_keys.PREFIX) + r"\{((?:job|node):[A-Za-z0-9_.:@-]{0,128})\}:")
-
-
-def mark_journaled(r: Any, script_keys: list[str]) -> None:
-    """Redis Cluster: name in keys.HIST_DIRTY the targets (of the scripts' keys) whose own history journal the
-    scripts may just have written, so the history indexer moves it before the next query. (One DECIDE_MANY
-    call may hold several targets whose tags share a slot.) A single Redis journals into the global list
-    directly: nothing to do there."""
-    if not is_cluster(r):
-        return
-    labels = {m.group(1) for m in map(_TAGGED.match, script_keys) if m}
-    if labels:
-        r.sadd(wire_keys.HIST_DIRTY, *sorted(labels))
 
 
 def redis_url(url: str | None = None) -> str:
@@ -89,20 +72,7 @@ def connect(url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **kw: Any)
     r = redis.Redis.from_url(url, **opts)
     if url.startswith("unix://"):
         return r
-    try:
-        enabled = r.info("cluster").get("cluster_enabled") == 1
-    except redis.RedisError:
-        # Unreachable now: hand back the plain client; callers treat errors as "Redis down" and retry.
-        return r
-    if enabled:
-        r.close()
-        return RedisCluster.from_url(url, **opts)
-    return r
-
-
-def is_cluster(r: Any) -> bool:
-    """Whether r is a Redis Cluster client (its keys live in many slots)."""
-    return isinstance(r, RedisCluster)
+    return cluster.detect(r, url, opts)
 
 
 def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
@@ -133,8 +103,7 @@ def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[A
             pipe.execute_command("EVALSHA", script.sha, len(ks), *ks, *args)
         for i, a in zip(missing, pipe.execute(raise_on_error=False)):
             answers[i] = a
-    if is_cluster(r):
-        mark_journaled(r, [k for script, ks, _ in calls if getattr(script, "journals", False) for k in ks])
+    cluster.mark_journaled(r, (k for script, ks, _ in calls if getattr(script, "journals", False) for k in ks))
     for a in answers:
         if isinstance(a, Exception):
             raise a

@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trainmedic.client.wire import keys, protocol, records
+from trainmedic.client.wire import cluster, keys, protocol, records
 from trainmedic.client.wire.actions import BY_SERVICE
 from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
 from trainmedic.client.wire.records import ActionReason, ActionStatus, Mode, Reason, RecordStatus, Step
-from trainmedic.client.wire.redis import is_cluster, run_scripts
+from trainmedic.client.wire.cluster import is_cluster
+from trainmedic.client.wire.redis import run_scripts
 from trainmedic.client.wire.signing import Signer
 
 from .breaker import HOLDS, Breaker
@@ -227,23 +228,15 @@ class Dispatcher:
         return outcomes
 
     def _run(self, news: list[records.NewRecord]) -> list[Any]:
-        """DECIDE_MANY's answers for these pairs, in order (with the indexes on a single Redis)."""
-        if not is_cluster(self.r):
-            answers = [a for batch in run_scripts(self.r, records.decide_many_calls(self.scripts, news, True))
-                       for a in batch]
-        else:
-            from redis.crc import key_slot
-
-            slots: dict[int, list[int]] = {}
-            for i, n in enumerate(news):
-                slots.setdefault(key_slot(n.target.tag.encode()), []).append(i)
-            order = [i for idxs in slots.values() for i in idxs]
-            calls = [c for idxs in slots.values()
-                     for c in records.decide_many_calls(self.scripts, [news[i] for i in idxs], False)]
-            flat = [a for batch in run_scripts(self.r, calls) for a in batch]
-            answers = [None] * len(news)
-            for i, a in zip(order, flat):
-                answers[i] = a
+        """DECIDE_MANY's answers for these pairs, in order: one pipeline of calls, a group per hash slot (one
+        group on a single Redis, where the calls write the indexes too)."""
+        groups = cluster.by_slot(self.r, news, lambda n: n.target.tag)
+        index = cluster.scripts_reach_all(self.r)
+        calls = [c for idxs in groups for c in records.decide_many_calls(self.scripts, [news[i] for i in idxs], index)]
+        flat = [a for batch in run_scripts(self.r, calls) for a in batch]
+        answers: list[Any] = [None] * len(news)
+        for i, a in zip((i for idxs in groups for i in idxs), flat):
+            answers[i] = a
         return answers
 
     def reach(self, targets: Iterable[keys.Target]) -> dict[keys.Target, Reach]:

@@ -15,7 +15,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import redis
 from flask import Blueprint, Response, current_app
@@ -26,8 +25,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from trainmedic.client.wire import keys
+from trainmedic.client.wire.cluster import metrics_hashes
 from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS
-from trainmedic.client.wire.redis import is_cluster
 
 from .. import outcomes, unmatched
 from ..rules.alerts import AlertGroup
@@ -96,17 +95,6 @@ class RedisCollector(Collector):
         yield up
         yield from families
 
-    def _aggregates(self) -> list[dict[Any, Any]]:
-        """The metrics hashes: the one of the keyspace, or on a cluster every target's (see keys.metrics)."""
-        if not is_cluster(self.r):
-            return [self.r.hgetall(keys.METRICS)]
-        labels = {str(x) for x in self.r.smembers(keys.MAILBOXES)}
-        targets = [t for t in map(keys.parse_label, sorted(labels)) if t is not None]
-        pipe = self.r.pipeline(transaction=False)
-        for t in targets:
-            pipe.hgetall(keys.metrics(t, True))
-        return pipe.execute() if targets else []
-
     def _forget_some(self, batch: int = 100) -> None:
         """Drop from the set of targets with mailboxes a few (at most `batch` a scrape: a bounded cost) that
         have nothing left: no ack stats, no due items, no heartbeat (their keys reached their TTLs)."""
@@ -146,7 +134,7 @@ class RedisCollector(Collector):
         buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(ACK_LATENCY_BUCKETS) + 1))
         sums: dict[str, float] = defaultdict(float)
         backlog = {kind: 0 for kind in keys.TARGET_KINDS}
-        for stats in self._aggregates():
+        for stats in metrics_hashes(self.r):
             _add_stats(stats, acked, buckets, sums, backlog)
         # A keyspace that held dispatched records before these counts existed (an upgrade) may count below 0.
         backlog = {kind: max(0, n) for kind, n in backlog.items()}
