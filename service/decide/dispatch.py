@@ -14,7 +14,6 @@ from trainmedic.client.wire import cluster, keys, protocol, records
 from trainmedic.client.wire.actions import BY_SERVICE
 from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
 from trainmedic.client.wire.records import ActionReason, ActionStatus, Mode, Reason, RecordStatus, Step
-from trainmedic.client.wire.cluster import is_cluster
 from trainmedic.client.wire.redis import run_scripts
 from trainmedic.client.wire.signing import Signer
 
@@ -223,7 +222,7 @@ class Dispatcher:
         """
         outcomes = [Outcome(status=str(a[0]), record_id=str(a[1]) or None, playbook=n.playbook,
                             fingerprint=n.fingerprint, reason=str(a[2]) or None) for n, a in zip(news, answers)]
-        if is_cluster(self.r):
+        if not cluster.scripts_reach_all(self.r):
             self._index_elsewhere(outcomes, news, [int(a[3]) for a in answers])
         return outcomes
 

@@ -16,7 +16,7 @@ local metrics_ttl = {}
 -- The history index (service/history.py) learns of a record that was made or whose status or outcome changed
 -- through a journal of record ids: the global one on a single Redis (where `metrics` is the global hash),
 -- else the target's own list in its slot (whoever ran the script names the target in trainmedic:hist:dirty,
--- client/wire/redis.py mark_journaled, and the indexer moves the list to the global one). The service drains it.
+-- client/wire/cluster.py mark_journaled, and the indexer moves the list to the global one). The service drains it.
 local function journal_of(rec, metrics)
   local i = string.find(rec, ':rec:', 1, true)
   if not i then return nil, nil end
