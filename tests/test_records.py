@@ -6,6 +6,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,88 @@ def test_a_stored_record_says_when_an_action_was_acknowledged(r) -> None:
 
 def test_a_gone_record_loads_as_none(r) -> None:
     assert records.load(r, "01HZZZZZZZZZZZZZZZZZZZZZZZ~job~nothing-here") is None
+
+
+# -- the record as the API shows it, and its schema ----------------------------------------------------------
+
+def test_the_record_schema_has_exactly_the_view_types_fields() -> None:
+    # A field added to a view type is in the schema, and the schema has nothing the type does not show.
+    for cls, name in records.COMPONENTS.items():
+        fields = dataclasses.fields(cls)
+        schema = records.SCHEMA[name]
+        assert list(schema["properties"]) == [f.name for f in fields], name
+        assert schema["required"] == [f.name for f in fields if f.default is dataclasses.MISSING], name
+    props = records.SCHEMA["Record"]["properties"]
+    for key, cls in (("outcome", records.OutcomeView), ("escalation", records.Escalation)):
+        assert list(props[key]["properties"]) == [f.name for f in dataclasses.fields(cls)]
+    # The keys a record shows only sometimes are neither required nor null.
+    sometimes = {"detail", "on_resolved", "approval_expires_at", "expires_at"}
+    assert sometimes == set(props) - set(records.SCHEMA["Record"]["required"])
+    assert not any(props[k].get("nullable") for k in sometimes)
+    assert set(records.SCHEMA["RecordAction"]["properties"]) - set(records.SCHEMA["RecordAction"]["required"]) == {
+        "optional", "when"}
+
+
+def conforms(value: object, schema: dict, where: str = "record") -> None:
+    """Asserts that a JSON value is what an OpenAPI 3.0 schema of the record's components says."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        schema = records.SCHEMA.get(name) or {"type": "object", "required": ["kind", "name"]}  # Target
+    if value is None:
+        assert schema.get("nullable"), where
+        return
+    kind = schema.get("type")
+    if kind == "object":
+        assert isinstance(value, dict), where
+        assert set(schema.get("required", ())) <= set(value), (where, set(schema.get("required", ())) - set(value))
+        if "properties" in schema:
+            assert set(value) <= set(schema["properties"]), (where, set(value) - set(schema["properties"]))
+            for k, v in value.items():
+                conforms(v, schema["properties"][k], f"{where}.{k}")
+    elif kind == "array":
+        assert isinstance(value, list), where
+        for i, v in enumerate(value):
+            conforms(v, schema["items"], f"{where}[{i}]")
+    else:
+        types = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+        assert isinstance(value, types[kind]), (where, value)
+        assert value in schema.get("enum", [value]), (where, value)
+        assert re.search(schema.get("pattern", ""), str(value)), (where, value)
+
+
+def alerts_of(name: str, **changes: Any) -> dict:
+    """A fixture's notification with each alert's status and labels changed."""
+    body = load_fixture(name)
+    status = changes.pop("status", body["status"])
+    body["status"] = status
+    for a in body["alerts"]:
+        a["status"], a["labels"] = status, {**a["labels"], **changes}
+        if status == "resolved":
+            a["endsAt"] = "2026-11-22T01:40:00Z"
+    return body
+
+
+def test_records_as_the_api_shows_them_are_what_the_schema_says(r) -> None:
+    [o] = decide(r, load_fixture("firing_single.json"))
+    made = [o, *decide(r, alerts_of("firing_single.json", job_name="../x"))]  # skipped: bad_label
+    made += decide(r, alerts_of("firing_group.json"))
+    made += decide(r, alerts_of("firing_group.json", status="resolved"))  # on_resolved
+    made += decide(r, alerts_of("firing_group.json", alertname="GPUXidError", xid_class="drain"))  # held
+    rec = records.load(r, o.record_id)
+    assert rec is not None
+    acks = [Ack(o.record_id, i, st.action, "applied", {"step": 1}, "host:1:0", acked_at="2026-01-02T03:04:05Z")
+            for i, st in enumerate(rec.steps)]
+    run_scripts(r, records.ack_calls(records.Scripts(r), acks, time.time()))
+    assert records.verdict(records.Scripts(r), o.record_id, Outcome.EFFECTIVE, "2026-01-02T03:09:05Z", 300.0)
+    shown = [records.get(r, m.record_id) for m in made]
+    for one in shown:
+        assert one is not None
+        conforms(one, records.SCHEMA["Record"])
+    # Every kind of record was shown, with each key the record shows only sometimes.
+    assert {RecordStatus.APPLIED, RecordStatus.SKIPPED, RecordStatus.DISPATCHED, RecordStatus.PENDING_APPROVAL} <= {
+        one["status"] for one in shown if one}
+    assert {"on_resolved", "approval_expires_at", "expires_at"} <= {k for one in shown if one for k in one}
+    applied = shown[0]
+    assert applied is not None and applied["outcome"] == {
+        "status": "effective", "resolved_at": "2026-01-02T03:09:05Z", "time_to_resolve_s": 300}
+    assert applied["actions"][0]["result"] == {"step": 1} and applied["actions"][0]["acked_by"] == "host:1:0"

@@ -7,6 +7,7 @@ schema, `SCHEMA`, is derived from the view's types.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,7 +21,7 @@ from . import keys
 from .cluster import is_cluster
 from .protocol import Ack, compact_json, dumps, fence, rfc3339
 from .redis import GuardedScript
-from .views import TIME, View, schema_of, shown, sometimes
+from .views import TIME, View, schema_of, view
 
 
 # Statuses, outcomes and reasons are StrEnums: a member equals its string, so what Redis and JSON hold is the
@@ -839,11 +840,11 @@ def drop_mark(r: Any, record_id: str, name: str) -> None:
 
 
 # -- the record as the API shows it, and its OpenAPI schema --------------------------------------------------
-# StoredRecord.as_dict builds a RecordView; SCHEMA is derived from the same classes (views.schema_of), so the
-# published schema says exactly what the record holds. Enum-typed fields hold the stored string (a member equals
-# its value): a hash someone rewrote is still shown as it is.
+# StoredRecord.view() builds a RecordView; SCHEMA is derived from the same classes (views.schema_of), so the
+# published schema says what the record holds. A field's metadata holds its OpenAPI extras. Enum-typed fields
+# hold the stored string (a member equals its value): a hash someone rewrote is still shown as it is.
 
-@dataclass(frozen=True)
+@view
 class AlertView(View):
     """The alert a record answers (capped_alert: annotations cut to a few KB)."""
 
@@ -855,7 +856,7 @@ class AlertView(View):
     labels: dict[str, str]
     annotations: dict[str, str]
     generator_url: str
-    truncated: bool = shown(description="true when annotations were cut to a few KB")
+    truncated: bool = dataclasses.field(metadata={"description": "true when annotations were cut to a few KB"})
 
     @classmethod
     def of(cls, alert: Mapping[str, Any]) -> AlertView:
@@ -867,68 +868,73 @@ class AlertView(View):
                    generator_url=get("generator_url", ""), truncated=get("truncated", False))
 
 
-@dataclass(frozen=True)
+@view
 class ActionView(View):
     """One action of a record: what was asked, and how its applier answered."""
 
-    action: str = shown(example="scale_lr")
+    action: str = dataclasses.field(metadata={"example": "scale_lr"})
     params: dict[str, Any]
     status: ActionStatus
-    reason: str | None = shown(description=f"{', '.join(ActionReason)}, or the applier's own (no_cuda, ...)")
-    result: dict[str, Any] | None = shown(
-        description='What the applier reported, e.g. {"old_lr": [..], "new_lr": [..], "step": 1234}')
-    acked_at: str | None = shown(**TIME)
-    acked_by: str | None = shown(description="host:pid[:rank]")
-    reapplied: list[dict[str, Any]] = shown(description="Each time a resumed or rolled-back job applied it again")
-    optional: bool | None = sometimes()
-    when: str | None = sometimes()
+    reason: str | None = dataclasses.field(
+        metadata={"description": f"{', '.join(ActionReason)}, or the applier's own (no_cuda, ...)"})
+    result: dict[str, Any] | None = dataclasses.field(
+        metadata={"description": 'What the applier reported, e.g. {"old_lr": [..], "new_lr": [..], "step": 1234}'})
+    acked_at: str | None = dataclasses.field(metadata=TIME)
+    acked_by: str | None = dataclasses.field(metadata={"description": "host:pid[:rank]"})
+    reapplied: list[dict[str, Any]] = dataclasses.field(
+        metadata={"description": "Each time a resumed or rolled-back job applied it again"})
+    optional: bool | None = None
+    when: str | None = None
 
 
-@dataclass(frozen=True)
+@view
 class OutcomeView(View):
-    """Whether the remediation worked (Outcome), and when its alert resolved."""
+    """Whether the remediation worked, and when its alert resolved."""
 
     status: Outcome
-    resolved_at: str | None = shown(**TIME)
+    resolved_at: str | None = dataclasses.field(metadata=TIME)
     time_to_resolve_s: float | None
 
 
-@dataclass(frozen=True)
+@view
 class Escalation(View):
     """The record's place in its escalation ladder."""
 
-    stage: int = shown(minimum=0)
+    stage: int = dataclasses.field(metadata={"minimum": 0})
     parent: str | None
     next: str | None
 
 
-@dataclass(frozen=True)
+@view
 class RecordView(View):
     """A remediation record, as GET /remediations/{id} and the history show it (README: HTTP API, a record)."""
 
-    id: str = shown(pattern=keys.RECORD_ID_RE.pattern.replace("\\Z", "$"))
-    created_at: str = shown(**TIME)
+    id: str = dataclasses.field(metadata={"pattern": keys.RECORD_ID_RE.pattern.replace("\\Z", "$")})
+    created_at: str = dataclasses.field(metadata=TIME)
     playbook: str
     status: RecordStatus
-    reason: str | None = shown(description=f"Why it was skipped or expired: {', '.join(Reason)}, ...")
+    reason: str | None = dataclasses.field(
+        metadata={"description": f"Why it was skipped or expired: {', '.join(Reason)}, ..."})
     alert: AlertView
     target: keys.Target
     actions: list[ActionView]
     # A person acting with their own operator token is recorded as operator:NAME.
-    requested_by: str | None = shown(pattern=f"^({'|'.join(Requester)}|operator:[A-Za-z0-9_.@-]{{1,64}})$")
+    requested_by: str | None = dataclasses.field(
+        metadata={"pattern": f"^({'|'.join(Requester)}|operator:[A-Za-z0-9_.@-]{{1,64}})$"})
     approved_by: str | None
-    approved_at: str | None = shown(**TIME)
+    approved_at: str | None = dataclasses.field(metadata=TIME)
     rejected_by: str | None
-    rejected_at: str | None = shown(**TIME)
+    rejected_at: str | None = dataclasses.field(metadata=TIME)
     approval_comment: str | None
     outcome: OutcomeView | None
     escalation: Escalation
     silence_id: str | None
     silence_error: str | None
-    detail: str | None = sometimes()
-    on_resolved: bool | None = sometimes(description="true for the on_resolved actions of a resolved alert")
-    approval_expires_at: str | None = sometimes(**TIME)
-    expires_at: str | None = sometimes(**TIME)
+    detail: str | None = None
+    on_resolved: bool | None = dataclasses.field(
+        default=None, metadata={"description": "true for the on_resolved actions of a resolved alert"})
+    approval_expires_at: str | None = dataclasses.field(default=None, metadata=TIME)
+    expires_at: str | None = dataclasses.field(default=None, metadata=TIME)
 
 
 # The record's components, by the names the OpenAPI document gives them; a Target is described beside the

@@ -1,68 +1,63 @@
-"""What the API shows, typed: frozen dataclasses whose fields are a JSON object's keys. One definition gives
-both the JSON (View.as_dict) and the OpenAPI 3.0 schema (schema_of), so the two cannot drift apart.
+"""What the API shows, typed: frozen dataclasses (@view) whose fields are a JSON object's keys. One definition
+gives both the JSON (View.as_dict) and the OpenAPI 3.0 schema (schema_of), so the two cannot drift apart.
 
 A field's type says its schema: str, int, float, bool, a StrEnum or a Literal of strings (an enum), a list, a
 dict of strings to a type (or to Any: any JSON), another dataclass (a $ref when it is a named component, else
-inline), and `X | None` for a key that is always there but may be null. A field made with `sometimes()` is a key
-the JSON has only when it holds a value: left out when None, and not required. Per-field OpenAPI extras
-(description, example, pattern, format...) go in the field's metadata, through `shown()` or `sometimes()`.
+inline), and `X | None` for a key that may be null. A field without a default is a key the JSON always has
+(required); one with a default, None, is a key the JSON has only while it holds a value (left out when None).
+A field's metadata (dataclasses.field(metadata=...)) holds its OpenAPI extras: description, example, pattern,
+format...
 """
 from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Callable, Mapping
 from enum import StrEnum
-from functools import cache
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
-from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, Union, dataclass_transform, get_args, get_origin, get_type_hints
 
-# A field's metadata: its OpenAPI extras, and whether its key is left out of the JSON while it is None.
-OPENAPI = "openapi"
-SOMETIMES = "sometimes"
+# A field's format for a time (RFC 3339), as its metadata.
+TIME: Mapping[str, Any] = {"format": "date-time"}
 
-# The format of a time (RFC 3339) in a field's extras.
-TIME: dict[str, Any] = {"format": "date-time"}
-
-
-def shown(**openapi: Any) -> Any:
-    """A field that is always in the JSON, with its OpenAPI extras."""
-    return dataclasses.field(metadata={OPENAPI: openapi})
-
-
-def sometimes(**openapi: Any) -> Any:
-    """A field whose key the JSON has only when it holds a value (None: left out), with its OpenAPI extras."""
-    return dataclasses.field(default=None, metadata={SOMETIMES: True, OPENAPI: openapi})
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """How a view class becomes JSON, worked out once from its fields and their types."""
-
-    nested: tuple[str, ...]  # a dataclass (or None): its as_dict()
-    nested_lists: tuple[str, ...]  # a list of dataclasses: each one's as_dict()
-    sometimes: tuple[str, ...]  # left out while None
+V = TypeVar("V", bound="View")
 
 
 class View:
-    """A frozen dataclass the API shows (see the module's docstring)."""
+    """The base of a @view class: its JSON."""
 
     __slots__ = ()
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON object, its keys in field order (a page of a million records goes through here: a frozen
-        dataclass's __dict__ holds exactly its fields, in order, so it is copied rather than walked)."""
-        plan = _plan(type(self))
-        d: dict[str, Any] = self.__dict__.copy()
-        for name in plan.nested:
-            value = d[name]
-            if value is not None:
-                d[name] = value.as_dict()
-        for name in plan.nested_lists:
-            d[name] = [v.as_dict() for v in d[name]]
-        for name in plan.sometimes:
-            if d[name] is None:
-                del d[name]
-        return d
+        """The JSON object, its keys in field order."""
+        # Made for each class on its first use, then called directly (see _as_dict).
+        made = _as_dict(type(self))
+        type(self).as_dict = made  # type: ignore[method-assign, assignment]
+        return made(self)
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def view(cls: type[V]) -> type[V]:
+    """A frozen dataclass the API shows (see the module's docstring)."""
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.default_factory is not dataclasses.MISSING or f.default not in (None, dataclasses.MISSING):
+            raise TypeError(f"{cls.__name__}.{f.name}: a view's field has no default, or None")
+    cls.__init__ = _fast_init(cls)  # type: ignore[method-assign]
+    return cls
+
+
+def _fast_init(cls: type) -> Callable[..., None]:
+    """An __init__ with the dataclass's signature that sets the instance's __dict__ in one step: a frozen
+    dataclass's own sets each field through object.__setattr__, several µs for a record's fields, on the path
+    that shows a page of the history (a million records)."""
+    fields = dataclasses.fields(cls)
+    params = ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}=None" for f in fields)
+    values = ", ".join(f"{f.name!r}: {f.name}" for f in fields)
+    namespace: dict[str, Any] = {"_set": object.__setattr__}
+    exec(f"def __init__(self, {params}):\n    _set(self, '__dict__', {{{values}}})\n", namespace)
+    init: Callable[..., None] = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
 
 
 def _unwrap(tp: Any) -> tuple[Any, bool]:
@@ -75,19 +70,30 @@ def _unwrap(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-@cache
-def _plan(cls: type) -> _Plan:
+def _always(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING
+
+
+def _as_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """A view class's as_dict, made from its fields: its instance's __dict__ (exactly its fields, in order: see
+    _fast_init) copied, nested views shown, and the keys of fields with a default left out while None."""
     hints = get_type_hints(cls)
-    nested, lists, omitted = [], [], []
+    lines = ["def as_dict(self):", "    d = self.__dict__.copy()"]
     for f in dataclasses.fields(cls):
-        tp, _ = _unwrap(hints[f.name])
+        tp, nullable = _unwrap(hints[f.name])
+        key = repr(f.name)
         if dataclasses.is_dataclass(tp):
-            nested.append(f.name)
+            lines += [f"    v = d[{key}]", f"    if v is not None: d[{key}] = v.as_dict()"] if nullable else [
+                f"    d[{key}] = d[{key}].as_dict()"]
         elif get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0]):
-            lists.append(f.name)
-        if f.metadata.get(SOMETIMES):
-            omitted.append(f.name)
-    return _Plan(tuple(nested), tuple(lists), tuple(omitted))
+            lines.append(f"    d[{key}] = [v.as_dict() for v in d[{key}]]")
+        if not _always(f):
+            lines.append(f"    if d[{key}] is None: del d[{key}]")
+    namespace: dict[str, Any] = {}
+    exec("\n".join([*lines, "    return d", ""]), namespace)
+    as_dict: Callable[[Any], dict[str, Any]] = namespace["as_dict"]
+    as_dict.__qualname__ = f"{cls.__qualname__}.as_dict"
+    return as_dict
 
 
 def schema_of(cls: type, components: Mapping[type, str]) -> dict[str, Any]:
@@ -96,14 +102,14 @@ def schema_of(cls: type, components: Mapping[type, str]) -> dict[str, Any]:
     hints = get_type_hints(cls)
     required, properties = [], {}
     for f in dataclasses.fields(cls):
-        if not f.metadata.get(SOMETIMES):
-            required.append(f.name)
         tp, nullable = _unwrap(hints[f.name])
         schema = _type_schema(tp, components)
-        if nullable and not f.metadata.get(SOMETIMES):
-            # OpenAPI 3.0 ignores whatever sits beside a $ref: a nullable reference wraps it.
-            schema = {"allOf": [schema], "nullable": True} if "$ref" in schema else {**schema, "nullable": True}
-        properties[f.name] = {**schema, **f.metadata.get(OPENAPI, {})}
+        if _always(f):
+            required.append(f.name)
+            if nullable:
+                # OpenAPI 3.0 ignores what sits beside a $ref: a nullable reference wraps it.
+                schema = {"allOf": [schema], "nullable": True} if "$ref" in schema else {**schema, "nullable": True}
+        properties[f.name] = {**schema, **f.metadata}
     return {"type": "object", "required": required, "properties": properties}
 
 
