@@ -1,8 +1,10 @@
 """mypy over the installed names: strict on trainmedic.client, the default checks on trainmedic.service.
 
 The repository's top-level folders install as trainmedic.client and trainmedic.service (pyproject's
-package-dir). mypy cannot follow setuptools' editable-install import hook, so this links the folders
-under build/typecheck/trainmedic/ and checks them by those names.
+package-dir). Inside them every import of the other folder is relative (`from ..client.wire import keys`), so
+the tree itself shows which folder uses which, and tools that read files as they lie follow it. Only the
+package's own top name, trainmedic, exists nowhere on disk: mypy cannot follow setuptools' editable-install
+import hook, so this links the folders under build/typecheck/trainmedic/ and checks them by those names.
 """
 from __future__ import annotations
 

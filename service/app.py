@@ -11,9 +11,9 @@ import redis
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from trainmedic.client.wire import records
-from trainmedic.client.wire.redis import connect
-from trainmedic.client.wire.signing import Signer
+from ..client.wire import records
+from ..client.wire.redis import connect
+from ..client.wire.signing import Signer
 
 from . import upgrade
 from .decide.alertmanager import Alertmanager

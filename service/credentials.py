@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from trainmedic.client.wire import keys
+from ..client.wire import keys
 
 # What each kind's client and scripts call (client/receiver, client/wire/lua; HMGET reads the signed command
 # of each record its mailbox names).
@@ -82,7 +82,7 @@ def target_url(admin_url: str, t: keys.Target, password: str) -> str:
 def issue(r: Any, admin_url: str, t: keys.Target) -> Credentials:
     """Create the target's user, or rotate it (its old password stops working), and persist it when Redis has
     an ACL file; r is a connection allowed to run ACL SETUSER."""
-    from trainmedic.client.wire.cluster import on_every_node
+    from ..client.wire.cluster import on_every_node
 
     password = secrets.token_urlsafe(32)
     # Redis Cluster keeps users per node: every node gets the same user.

@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from trainmedic.client.wire import cluster, keys
-from trainmedic.client.wire.records import Outcome, RecordStatus, StoredRecord, lua
+from ..client.wire import cluster, keys
+from ..client.wire.records import Outcome, RecordStatus, StoredRecord, lua
 
 from .errors import BadRequest, NotFound
 

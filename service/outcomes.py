@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import Outcome, values
+from ..client.wire import keys
+from ..client.wire.records import Outcome, values
 
 WINDOW = 30 * 86400.0
 # Most members each per-playbook set keeps, whatever their age.

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmedic.client.settings import SettingsError
+from ..client.settings import SettingsError
 
 from .settings import ServiceSettings
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from trainmedic.client.settings import Settings, SettingsError, comma_separated, secret
-from trainmedic.client.wire.durations import HINT, parse_duration
+from ..client.settings import Settings, SettingsError, comma_separated, secret
+from ..client.wire.durations import HINT, parse_duration
 
 DEFAULT_URL = "http://127.0.0.1:9095"
 DEFAULT_HISTORY_MAX = 1_000_000

@@ -14,9 +14,9 @@ from itertools import chain, compress, repeat
 from operator import add, ne
 from typing import Any
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.cluster import mget
-from trainmedic.client.wire.protocol import parse_signals
+from ..client.wire import keys
+from ..client.wire.cluster import mget
+from ..client.wire.protocol import parse_signals
 
 # (metric name, help, index in a signals line), in the order /metrics lists them.
 GAUGES = (

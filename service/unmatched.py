@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from trainmedic.client.wire import keys
+from ..client.wire import keys
 
 log = logging.getLogger("trainmedic.unmatched")
 

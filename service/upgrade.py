@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from trainmedic.client.wire import keys
+from ..client.wire import keys
 
 log = logging.getLogger("trainmedic.upgrade")
 

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trainmedic.client.settings import Settings
-from trainmedic.client.wire.keys import TARGET_NAME_RE
+from ..settings import Settings
+from ..wire.keys import TARGET_NAME_RE
 
-from trainmedic.client.cli import CliError, UsageError, need
+from ..cli import CliError, UsageError, need
 
 
 def add(sub: Any) -> None:
@@ -45,8 +45,8 @@ def state_dir(given: str | None) -> Path:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     need("agent", "cryptography")
-    from trainmedic.client.wire.redis import redis_url
-    from trainmedic.client.wire.signing import SigningError, verifier_from
+    from ..wire.redis import redis_url
+    from ..wire.signing import SigningError, verifier_from
 
     if not TARGET_NAME_RE.match(args.node):
         raise UsageError("--node must be 1 to 128 letters, digits or _.:@-")
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("the agent needs TRAINMEDIC_VERIFY_KEY (or _FILE) to check commands' signatures; "
                        "`trainmedic serve` prints it (use --insecure-unsigned only for a throwaway test)")
     scheduler = args.scheduler or ("slurm" if shutil.which("scontrol") else "none")
-    from trainmedic.client.agent import run_agent
+    from . import run_agent
 
     try:
         return run_agent(args.node, url, args.allow_root, dry_run=args.dry_run or settings.dry_run,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from trainmedic.client.wire.protocol import ACK_STATUSES, Command, ProtocolError
+from ..wire.protocol import ACK_STATUSES, Command, ProtocolError
 
 # A rank's training signal it does not know, in the collective's MAX (every known value is above it).
 NONE = float("-inf")

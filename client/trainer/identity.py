@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from trainmedic.client.wire.keys import TARGET_NAME_RE
+from ..wire.keys import TARGET_NAME_RE
 
 _DIGITS = re.compile(r"^[0-9]{1,20}\Z")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from trainmedic.client.settings import SettingsError
+from ...client.settings import SettingsError
 
 from ..settings import ServiceSettings
-from trainmedic.client.agent import cli as agent
+from ...client.agent import cli as agent
 
 from . import approve, check, credentials, history, match, send, serve, show
 from .common import CliError, Parser
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = getattr(args, "reads", ServiceSettings).from_env()
         if args.command in ("serve", "agent"):
             # Long-running commands log as JSON lines; the others print for people.
-            from trainmedic.client.logs import setup
+            from ...client.logs import setup
 
             setup(settings.log_level)
         code: int = args.run(args, settings)

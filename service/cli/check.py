@@ -16,7 +16,7 @@ def add(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("check", "yaml")
-    from trainmedic.service.rules.playbooks import SHIPPED, check, files_of, is_warning
+    from ..rules.playbooks import SHIPPED, check, files_of, is_warning
 
     paths = args.paths or [settings.playbooks or str(SHIPPED)]
     playbooks, problems = check(paths)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmedic.client.cli import EXTRA_OF, CliError, Parser, UsageError, need
+from ...client.cli import EXTRA_OF, CliError, Parser, UsageError, need
 
 from ..settings import ServiceSettings
 
@@ -13,7 +13,7 @@ __all__ = ["EXTRA_OF", "CliError", "Parser", "UsageError", "need", "api", "opera
 
 def api(settings: ServiceSettings, url: str | None, token: str | None = None) -> Any:
     """The service's HTTP API at --url (else TRAINMEDIC_URL), with the operator token when given."""
-    from trainmedic.service.http import Http
+    from ..http import Http
 
     return Http(url or settings.url, token=token, timeout=10.0)
 
@@ -33,7 +33,7 @@ def read_token(settings: ServiceSettings) -> str | None:
 
 def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run an API call, turning its HttpError into the CLI's one-line error."""
-    from trainmedic.service.http import HttpError
+    from ..http import HttpError
 
     try:
         return fn(*args, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainmedic.client.wire.keys import TARGET_NAME_RE, Target
+from ...client.wire.keys import TARGET_NAME_RE, Target
 
 from ..settings import ServiceSettings
 from .common import CliError, UsageError
@@ -21,8 +21,8 @@ def add(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     import redis
 
-    from trainmedic.client.wire.redis import connect, redis_url
-    from trainmedic.service.credentials import issue, user_name
+    from ...client.wire.redis import connect, redis_url
+    from ..credentials import issue, user_name
 
     if not TARGET_NAME_RE.match(args.name):
         raise UsageError("NAME must be 1 to 128 letters, digits or _.:@-")

@@ -57,7 +57,7 @@ def _step(st: Any) -> str:
 
 def lines(group: Any, playbooks: list[Any]) -> list[str]:
     """For each alert: its name, status and labels, then each playbook it matches and what it would do."""
-    from trainmedic.service.decide.plan import plan
+    from ..decide.plan import plan
 
     decisions = plan(group, playbooks)
     out = []
@@ -82,9 +82,9 @@ def lines(group: Any, playbooks: list[Any]) -> list[str]:
 
 def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("match", "yaml")
-    from trainmedic.service.errors import BadRequest
-    from trainmedic.service.rules.alerts import parse_group
-    from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, load
+    from ..errors import BadRequest
+    from ..rules.alerts import parse_group
+    from ..rules.playbooks import SHIPPED, PlaybookError, load
 
     body = read_payload(args.file)
     try:

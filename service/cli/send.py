@@ -9,9 +9,9 @@ import re
 import time
 from typing import Any
 
-from trainmedic.client.wire.actions import CATALOGUE, ParamError
-from trainmedic.client.wire.records import RecordStatus
-from trainmedic.client.wire.keys import TARGET_NAME_RE
+from ...client.wire.actions import CATALOGUE, ParamError
+from ...client.wire.records import RecordStatus
+from ...client.wire.keys import TARGET_NAME_RE
 
 from ..settings import ServiceSettings
 from .common import CliError, UsageError, api, call, need, operator_token

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainmedic.client.wire.keys import TARGET_NAME_RE
+from ...client.wire.keys import TARGET_NAME_RE
 
 from ..hosts import loopback
 from ..settings import ServiceSettings
@@ -74,8 +74,8 @@ def _check_args(args: argparse.Namespace, settings: ServiceSettings) -> None:
 
 def _secrets(data: Path, settings: ServiceSettings) -> tuple[ServiceSettings, dict[str, str]]:
     """The operator token and signing key: from the environment, else made once into the data dir (0600)."""
-    from trainmedic.client.wire.signing import SigningError, Signer
-    from trainmedic.service.embedded_redis import secret_file
+    from ...client.wire.signing import SigningError, Signer
+    from ..embedded_redis import secret_file
 
     files: dict[str, str] = {}
     if not settings.operator_token:
@@ -94,7 +94,7 @@ def _secrets(data: Path, settings: ServiceSettings) -> tuple[ServiceSettings, di
 
 
 def _port_free(host: str, port: int) -> None:
-    from trainmedic.service.embedded_redis import port_in_use
+    from ..embedded_redis import port_in_use
 
     if port_in_use(port, "0.0.0.0" if host in ("0.0.0.0", "::") else host):
         raise CliError(f"port {port} on {host} is in use: stop what listens there, or choose another with --port")
@@ -102,9 +102,9 @@ def _port_free(host: str, port: int) -> None:
 
 def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need("serve", "flask", "gunicorn", "yaml", "prometheus_client", "cryptography")
-    from trainmedic.client.wire.signing import Signer
-    from trainmedic.service.embedded_redis import DEFAULT_PORT, EmbeddedRedis, secret_file
-    from trainmedic.service.rules.playbooks import SHIPPED, PlaybookError, load, missing_alertmanager
+    from ...client.wire.signing import Signer
+    from ..embedded_redis import DEFAULT_PORT, EmbeddedRedis, secret_file
+    from ..rules.playbooks import SHIPPED, PlaybookError, load, missing_alertmanager
 
     _check_args(args, settings)
     named = _people(settings)
@@ -153,14 +153,14 @@ def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
 
 def _people(settings: ServiceSettings) -> int:
     """Check the tokens files before anything starts (a bad line is one sentence naming it); how many people."""
-    from trainmedic.service.people import People
+    from ..people import People
 
     return len(People.from_settings(settings).names)
 
 
 def add_person_lines(settings: ServiceSettings, data: Path, named: int) -> str:
     """The banner's two lines on adding a person: their own operator token, recorded as operator:NAME."""
-    from trainmedic.service.people import MAKE_TOKEN
+    from ..people import MAKE_TOKEN
 
     path = settings.operator_tokens_file
     target = shlex.quote(str(Path(path).resolve()) if path else str((data / "operators.tokens").resolve()))
@@ -173,7 +173,7 @@ def add_person_lines(settings: ServiceSettings, data: Path, named: int) -> str:
 def _ping(url: str) -> None:
     import redis
 
-    from trainmedic.client.wire.redis import connect
+    from ...client.wire.redis import connect
 
     try:
         r = connect(url)

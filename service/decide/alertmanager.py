@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
 from collections.abc import Mapping, Sequence
 
-from trainmedic.client.wire.protocol import parse_rfc3339
+from ...client.wire.protocol import parse_rfc3339
 
 from ..http import Http, HttpError
 from ..settings import DEFAULT_ALERTMANAGER_TRUST_AFTER

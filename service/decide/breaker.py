@@ -18,8 +18,8 @@ import time
 from typing import Any
 from collections.abc import Sequence
 
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.redis import run_scripts
+from ...client.wire import keys, records
+from ...client.wire.redis import run_scripts
 
 from ..rules.playbooks import Playbook
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.actions import CATALOGUE
-from trainmedic.client.wire.records import ActionStatus, RecordStatus, Step
+from ...client.wire import keys, records
+from ...client.wire.actions import CATALOGUE
+from ...client.wire.records import ActionStatus, RecordStatus, Step
 
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook

@@ -8,8 +8,8 @@ import json
 import logging
 from typing import Any
 
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.records import ActionReason, ActionStatus, Reason
+from ...client.wire import keys, records
+from ...client.wire.records import ActionReason, ActionStatus, Reason
 
 from ..prometheus import Prometheus, PrometheusError
 from ..rules import conditions

@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import DETECTED, parse_rfc3339, rfc3339
+from ...client.wire import keys
+from ...client.wire.protocol import DETECTED, parse_rfc3339, rfc3339
 
 from .. import signals
 from ..http import HttpError

@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trainmedic.client.wire import cluster, keys, protocol, records
-from trainmedic.client.wire.actions import BY_SERVICE
-from trainmedic.client.wire.protocol import ActionCall, Command, parse_rfc3339
-from trainmedic.client.wire.records import ActionReason, ActionStatus, Mode, Reason, RecordStatus, Step
-from trainmedic.client.wire.redis import run_scripts
-from trainmedic.client.wire.signing import Signer
+from ...client.wire import cluster, keys, protocol, records
+from ...client.wire.actions import BY_SERVICE
+from ...client.wire.protocol import ActionCall, Command, parse_rfc3339
+from ...client.wire.records import ActionReason, ActionStatus, Mode, Reason, RecordStatus, Step
+from ...client.wire.redis import run_scripts
+from ...client.wire.signing import Signer
 
 from .breaker import HOLDS, Breaker
 from .plan import Decision

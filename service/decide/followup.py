@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.protocol import parse_rfc3339, rfc3339
-from trainmedic.client.wire.records import ActionStatus, Mode, Outcome, Reason, RecordStatus, Requester
+from ...client.wire import keys, records
+from ...client.wire.protocol import parse_rfc3339, rfc3339
+from ...client.wire.records import ActionStatus, Mode, Outcome, Reason, RecordStatus, Requester
 
 from .. import outcomes
 from ..http import HttpError

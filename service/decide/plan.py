@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from collections.abc import Iterable
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import rfc3339
-from trainmedic.client.wire.records import Step
+from ...client.wire import keys
+from ...client.wire.protocol import rfc3339
+from ...client.wire.records import Step
 
 from ..rules.alerts import Alert, AlertGroup, parse_alert
 from ..rules.playbooks import Playbook

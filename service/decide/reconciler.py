@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.protocol import rfc3339
-from trainmedic.client.wire.redis import run_scripts
+from ...client.wire import keys, records
+from ...client.wire.protocol import rfc3339
+from ...client.wire.redis import run_scripts
 
 from .. import history
 from ..rules.alerts import alert_of_record

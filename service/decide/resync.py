@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trainmedic.client.logs import remediation
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.protocol import parse_rfc3339
+from ...client.logs import remediation
+from ...client.wire import keys
+from ...client.wire.protocol import parse_rfc3339
 
 from ..errors import BadRequest
 from ..rules.alerts import Alert, parse_alert

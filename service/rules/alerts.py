@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 from collections.abc import Mapping
 
-from trainmedic.service.errors import BadRequest
+from ..errors import BadRequest
 
 _TIME = re.compile(r"^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})\Z")
 # What a fingerprint may hold (the OpenAPI schema says the same with this pattern).

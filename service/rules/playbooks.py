@@ -12,13 +12,13 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
-from trainmedic.client.wire.actions import CATALOGUE
-from trainmedic.client.wire.durations import parse_duration
-from trainmedic.client.wire.keys import TARGET_KINDS
-from trainmedic.client.wire.records import Step
+from ...client.wire.actions import CATALOGUE
+from ...client.wire.durations import parse_duration
+from ...client.wire.keys import TARGET_KINDS
+from ...client.wire.records import Step
 
-from trainmedic.service.rules import conditions
-from trainmedic.service.rules.matchers import Matcher, MatcherError, parse_matcher
+from . import conditions
+from .matchers import Matcher, MatcherError, parse_matcher
 
 # The shipped playbooks: package data of trainmedic.playbooks (the repository's playbooks/ folder).
 SHIPPED = Path(str(resources.files("trainmedic.playbooks")))

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from collections.abc import Mapping
 
-from trainmedic.client.wire.keys import TARGET_NAME_RE, Target
+from ...client.wire.keys import TARGET_NAME_RE, Target
 
 _GPU_ID = re.compile(r"^[0-9]{1,3}\Z")
 _GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}\Z")

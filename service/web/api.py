@@ -6,11 +6,11 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.actions import CATALOGUE, ParamError
-from trainmedic.client.wire import records
-from trainmedic.client.wire.durations import parse_duration
-from trainmedic.client.wire.records import Step
+from ...client.wire import keys
+from ...client.wire.actions import CATALOGUE, ParamError
+from ...client.wire import records
+from ...client.wire.durations import parse_duration
+from ...client.wire.records import Step
 
 from .. import history, outcomes
 from ..decide import plan

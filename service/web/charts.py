@@ -7,8 +7,8 @@ from datetime import datetime, UTC
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trainmedic.client.wire.protocol import parse_rfc3339
-from trainmedic.client.wire.records import ActionStatus
+from ...client.wire.protocol import parse_rfc3339
+from ...client.wire.records import ActionStatus
 
 LR_ACTIONS = ("scale_lr", "set_lr")
 DOT_R = 7

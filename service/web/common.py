@@ -8,9 +8,9 @@ from typing import Any
 
 from flask import current_app, request
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.actions import is_finite_number
-from trainmedic.client.wire.protocol import LIVE_WINDOW, rfc3339
+from ...client.wire import keys
+from ...client.wire.actions import is_finite_number
+from ...client.wire.protocol import LIVE_WINDOW, rfc3339
 
 from ..errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 

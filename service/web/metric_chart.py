@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import ActionStatus
+from ...client.wire import keys
+from ...client.wire.records import ActionStatus
 
 from ..prometheus import Prometheus, PrometheusError, Series, decode, encode, expr_of, split_comparison
 from .charts import Frame, Tick, floats, lr_changes, parse_time, time_ticks, x_of

@@ -24,9 +24,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.cluster import metrics_hashes
-from trainmedic.client.wire.records import ACK_LATENCY_BUCKETS
+from ...client.wire import keys
+from ...client.wire.cluster import metrics_hashes
+from ...client.wire.records import ACK_LATENCY_BUCKETS
 
 from .. import outcomes, unmatched
 from ..rules.alerts import AlertGroup

@@ -7,11 +7,11 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire.actions import CATALOGUE
-from trainmedic.client.wire.durations import POSITIVE as POSITIVE_DURATION
-from trainmedic.client.wire.records import Outcome, RecordStatus, values
-from trainmedic.client.wire.records import SCHEMA as RECORD_SCHEMAS
+from ...client.wire import keys
+from ...client.wire.actions import CATALOGUE
+from ...client.wire.durations import POSITIVE as POSITIVE_DURATION
+from ...client.wire.records import Outcome, RecordStatus, values
+from ...client.wire.records import SCHEMA as RECORD_SCHEMAS
 
 from .. import history
 from ..rules import alerts

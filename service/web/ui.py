@@ -13,9 +13,9 @@ from flask import Blueprint, current_app, render_template, request, url_for
 from flask.templating import Environment
 from markupsafe import Markup, escape
 
-from trainmedic.client.wire import keys
-from trainmedic.client.wire import records as record_store
-from trainmedic.client.wire.records import Outcome, RecordStatus
+from ...client.wire import keys
+from ...client.wire import records as record_store
+from ...client.wire.records import Outcome, RecordStatus
 
 from .. import history, outcomes
 from ..errors import BadRequest

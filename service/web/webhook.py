@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify
 
-from trainmedic.client.logs import EACH, remediation
+from ...client.logs import EACH, remediation
 
 from .. import unmatched
 from ..decide.plan import plan
