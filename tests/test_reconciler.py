@@ -180,3 +180,34 @@ def test_a_record_reads_back_as_the_contract_shows_it(r: Any) -> None:
     assert rec is not None
     assert json.loads(dumps(rec)) == rec  # strict JSON: no NaN, no Infinity
     assert rec["requested_by"] == "operator" and rec["escalation"] == {"stage": 0, "parent": None, "next": None}
+
+
+def test_a_burst_larger_than_a_page_is_visited_once_a_pass_and_still_followed_up(r: Any, make_app: Any) -> None:
+    from dataclasses import replace
+
+    from trainmedic.service.decide.reconciler import VISIT_SHARE
+
+    from tests.conftest import post_json
+
+    app = make_app()  # the shipped playbooks: a loss spike's record answers for its alert
+    jobs = [f"burst-{i}" for i in range(12)]
+    body = {"version": "4", "status": "firing", "receiver": "trainmedic", "alerts": [
+        {"status": "firing", "labels": {"alertname": "TrainingLossSpike", "job_name": job, "severity": "critical"},
+         "annotations": {},
+         "startsAt": "2026-11-22T01:00:00.5Z", "endsAt": "0001-01-01T00:00:00Z", "fingerprint": f"{i:016x}",
+         "generatorURL": "http://prometheus:9090/graph"} for i, job in enumerate(jobs)]}
+    resp = post_json(app.test_client(), "/webhook", body)
+    made = resp.get_json()["remediations"]
+    assert resp.status_code == 200, resp.get_json()
+    assert [m["status"] for m in made] == ["dispatched"] * len(jobs)
+    rc = app.extensions["trainmedic"].reconciler
+    # Pages of 5: nobody took the commands, so every job is due with its followed record once they expire.
+    rc.settings = replace(rc.settings, targets_per_tick=5)
+    t0 = time.monotonic()
+    report = rc.tick(time.time() + 3601)
+    assert report.targets == len(jobs)  # each job visited once, not its page again and again
+    assert sorted(status for _, status in report.changed) == ["expired"] * len(jobs)
+    # The follow-ups still ran within the pass: every expired record answers for its alert (its outcome).
+    assert report.followed >= len(jobs)
+    assert all(records.get(r, m["id"])["outcome"] is not None for m in made)
+    assert time.monotonic() - t0 < rc.settings.interval * (1 + VISIT_SHARE) + 5

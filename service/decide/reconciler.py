@@ -40,6 +40,9 @@ log = logging.getLogger("trainmedic.reconciler")
 
 # Targets whose RECONCILE calls share one pipeline.
 BATCH = 100
+# At most this share of a pass's interval goes to RECONCILE visits; follow-ups get the rest (and what the visits
+# leave), so a burst of due targets never starves outcomes, stages, silences and notifications.
+VISIT_SHARE = 0.6
 
 RESET_BANNER_SECONDS = 86400.0
 TARGETS_MAX_AGE = 86400.0
@@ -141,14 +144,17 @@ class Reconciler:
         if records.load_scripts(self.r):
             log.info("loaded the scripts into Redis (it had none: a restart), for trainers and agents to run")
         view = AlertView(self.alertmanager)
-        # Every due target's RECONCILE first, page after page (for one interval at most: the rest is the next
-        # pass's), so that every action is terminal within its bound however large a burst; then follow-ups,
-        # on_resolved and detections with the time left (what is left over stays due for the next pass).
-        until = time.monotonic() + self.settings.interval
+        # Every due target's RECONCILE first, page after page, each target once a pass (for VISIT_SHARE of an
+        # interval at most: the rest is the next pass's), so that every action is terminal within its bound
+        # however large a burst; then follow-ups, on_resolved and detections with the time left, never none
+        # (what is left over stays due, and the next pass starts at once).
+        start = time.monotonic()
+        until = start + self.settings.interval
         work: dict[str, tuple[keys.Target, records.Reconciled]] = {}
-        while self._visit(now, report, work) and time.monotonic() < until:
+        while self._visit(now, report, work) and time.monotonic() < start + self.settings.interval * VISIT_SHARE:
             pass
-        self._after(now, view, report, work, until)
+        if not self._after(now, view, report, work, until):
+            report.full = True
         if report.changed:
             # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
             self.r.zrem(keys.APPROVALS, *(rid for rid, _ in report.changed))
@@ -165,10 +171,12 @@ class Reconciler:
         """RECONCILE one page of the due targets, in pipelines of BATCH, and set their due times (a few round
         trips a batch); what each needs next goes into `work`. True when the page was full (more may be due).
 
-        A target with follow-ups left keeps its due time at `now`, after every target not yet visited (their
-        due times are earlier), so the pages of a burst move on through the rest first."""
-        due = self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0, num=self.settings.targets_per_tick)
-        report.full = len(due) >= self.settings.targets_per_tick
+        A target with follow-ups left stays due, at its earliest item: a page leaves out the targets this pass
+        visited already, so the pages of a burst move on through the rest."""
+        page = self.settings.targets_per_tick
+        due = [label for label in self.r.zrangebyscore(keys.DUE, "-inf", int(now * 1000), start=0,
+                                                         num=page + len(work)) if label not in work][:page]
+        report.full = len(due) >= page
         parsed = [(label, keys.parse_label(label)) for label in due]
         if bad := [label for label, t in parsed if t is None]:
             self.r.zrem(keys.DUE, *bad)
@@ -187,11 +195,14 @@ class Reconciler:
         return report.full
 
     def _after(self, now: float, view: AlertView, report: TickReport,
-               work: dict[str, tuple[keys.Target, records.Reconciled]], until: float) -> None:
-        """Follow-ups and on_resolved of the visited targets until `until`, and their jobs' detections."""
+               work: dict[str, tuple[keys.Target, records.Reconciled]], until: float) -> bool:
+        """Follow-ups and on_resolved of the visited targets until `until` (the first target's whatever the
+        time), and their jobs' detections; False when time ran out before the last target's."""
         touched: list[tuple[str, keys.Target]] = []
+        finished = True
         for label, (target, done) in work.items():
-            if time.monotonic() >= until:
+            if touched and time.monotonic() >= until:
+                finished = False
                 break
             for member in done.obligations:
                 rid = self._obligation(target, member, now, view)
@@ -207,6 +218,7 @@ class Reconciler:
             report.detected += len(self.detections.handle(target))
         for start in range(0, len(touched), BATCH):
             self._reschedule(touched[start:start + BATCH])
+        return finished
 
     def _reschedule(self, batch: list[tuple[str, keys.Target]]) -> None:
         """Set each target's due time from its own items, in three round trips for the batch. A webhook may add
