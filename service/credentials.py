@@ -47,7 +47,13 @@ def user_name(t: keys.Target) -> str:
 def rules(t: keys.Target) -> tuple[str, ...]:
     """The ACL rules of a target's user, after its password (target names hold no glob characters)."""
     return ("resetkeys", "resetchannels", f"~{keys.PREFIX}{t.tag}:*", *(f"~{k}" for k in shared_keys(t.kind)),
-            f"&{keys.wake_channel(t)}", "-@all", *COMMANDS[t.kind])
+            *channels(t), "-@all", *COMMANDS[t.kind])
+
+
+def channels(t: keys.Target) -> tuple[str, ...]:
+    """The channels a target's user may use: its wake-up channel, and a job's detections channel."""
+    own = (keys.wake_channel(t), keys.detected_channel(t)) if t.kind == "job" else (keys.wake_channel(t),)
+    return tuple(f"&{c}" for c in own)
 
 
 def acl_line(t: keys.Target, password: str) -> str:

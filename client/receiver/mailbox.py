@@ -162,7 +162,7 @@ class Mailbox:
     def detect(self, alertname: str, status: str, starts_at: str, ends_at: str, step: int | None,
                value: float | None) -> None:
         """Hand a detection to the service: append it to the job's own stream, mark the job due (the
-        reconciler's look) and wake the service on the job's own channel (its look now)."""
+        reconciler's look) and wake the service on the job's own detections channel (its look now)."""
         fields = {"alertname": alertname, "status": status, "starts_at": starts_at, "ends_at": ends_at,
                   "step": "" if step is None else str(step), "value": "" if value is None else repr(float(value))}
         key = keys.detections(self.target)
@@ -170,7 +170,7 @@ class Mailbox:
         pipe.xadd(key, fields, maxlen=DETECTIONS_MAXLEN, approximate=True)
         pipe.pexpire(key, int(DETECTIONS_TTL * 1000))
         pipe.zadd(keys.DUE, {self.target.label: int(time.time() * 1000)}, lt=True)
-        pipe.publish(keys.wake_channel(self.target), DETECTED)
+        pipe.publish(keys.detected_channel(self.target), DETECTED)
         pipe.execute()
 
     def count_refused(self, reason: str, n: int = 1) -> None:

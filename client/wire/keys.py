@@ -49,7 +49,13 @@ def mailbox(t: Target) -> str:
 
 
 def wake_channel(t: Target) -> str:
+    """Channel: a command for the target is in its mailbox (its applier listens)."""
     return f"{PREFIX}{t.tag}:wake"
+
+
+def detected_channel(t: Target) -> str:
+    """Channel: the job's client appended a detection (the service listens, on every job's: JOB_DETECTED)."""
+    return f"{PREFIX}{t.tag}:detected"
 
 
 def detections(t: Target) -> str:
@@ -72,15 +78,16 @@ def signals(t: Target) -> str:
     return f"{PREFIX}{t.tag}:signals"
 
 
-def wake_target(channel: str) -> Target | None:
-    """The target whose wake-up channel this is (wake_channel's inverse), or None."""
-    if not (channel.startswith(PREFIX + "{") and channel.endswith("}:wake")):
+def detected_target(channel: str) -> Target | None:
+    """The job whose detections channel this is (detected_channel's inverse), or None."""
+    if not (channel.startswith(PREFIX + "{") and channel.endswith("}:detected")):
         return None
-    return parse_label(channel[len(PREFIX) + 1:-len("}:wake")])
+    return parse_label(channel[len(PREFIX) + 1:-len("}:detected")])
 
 
-# Every job's wake-up channel, for PSUBSCRIBE: the service hears a job's detections on it.
-JOB_WAKE_PATTERN = PREFIX + "{job:*}:wake"
+# Every job's detections channel, for PSUBSCRIBE. Apart from the wake-up channels, so that a command's
+# wake-up reaches its job's client only, not every service worker too.
+JOB_DETECTED = PREFIX + "{job:*}:detected"
 
 
 def cursor(t: Target) -> str:

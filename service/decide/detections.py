@@ -1,7 +1,7 @@
 """Detections: what training clients detect in the loop, and the hangs the service sees, decided at once.
 
-A client appends a detection to its job's own stream (keys.detections) and publishes on its job's own wake-up
-channel; a listener here hears it at once and decides it as if Alertmanager had delivered it, with
+A client appends a detection to its job's own stream (keys.detections) and publishes on its job's own
+detections channel; a listener here hears it at once and decides it as if Alertmanager had delivered it, with
 `requested_by: detector`. The job name always comes from the stream's key, never from what the job wrote, so
 a job can raise alerts only about itself. The reconciler also looks at every job that marked itself due, so
 a wake-up lost while no listener ran is decided within its next pass.
@@ -221,7 +221,7 @@ class Detections:
             pubsub = None
             try:
                 pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-                pubsub.psubscribe(keys.JOB_WAKE_PATTERN)
+                pubsub.psubscribe(keys.JOB_DETECTED)
                 if self._failing:
                     self._failing = False
                     log.info("detections: listening again")
@@ -229,8 +229,8 @@ class Detections:
                 while not self._stop.is_set():
                     msg = pubsub.get_message(timeout=1.0)
                     if msg is None or msg.get("data") != DETECTED:
-                        continue  # commands announced to the job, or nothing
-                    target = keys.wake_target(str(msg.get("channel")))
+                        continue
+                    target = keys.detected_target(str(msg.get("channel")))
                     if target is not None:
                         self._handle_safely(target)
             except redis.RedisError as exc:
