@@ -305,6 +305,8 @@ def main() -> None:
                 except Exception:
                     pass
             for p in procs:
+                if p.pid is None:
+                    continue  # never started (an earlier one was not ready in time)
                 p.join(10)
                 if p.is_alive():
                     p.kill()
