@@ -60,6 +60,9 @@ class _Sign:
     def __init__(self, fn: Callable[[bytes], str]):
         self.sign = fn
 
+    def sign_many(self, items: list[bytes]) -> list[str]:
+        return [self.sign(x) for x in items]
+
     def seal(self, data: bytes) -> str:
         return ""
 

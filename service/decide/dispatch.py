@@ -198,8 +198,10 @@ class Dispatcher:
         again = [i for i, a in enumerate(answers) if str(a[0]) == "reach"]
         if again:
             reach = self.reach({decisions[i].target for i in again})
-            for i in again:
-                news[i] = self.new_record(decisions[i], now, reach=reach.get(decisions[i].target), rid=news[i].rid)
+            redone = self.new_records([self._draft(decisions[i], now, reach=reach.get(decisions[i].target),
+                                                   rid=news[i].rid) for i in again])
+            for i, n in zip(again, redone):
+                news[i] = n
             for i, a in zip(again, self._run([news[i] for i in again])):
                 answers[i] = a
         if claims:
@@ -254,11 +256,11 @@ class Dispatcher:
         """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder, or the
         node record a checkpoint belongs to); check_reach: made with every step, for DECIDE to check against
         the heartbeat; rid: the record's id when the caller chose it already."""
-        draft = self._draft(d, now, prev, parent, extra, reach, check_reach, rid)
-        return self._record(draft, self.signer.sign(draft.command.encode()) if draft.command else "")
+        return self.new_records([self._draft(d, now, prev, parent, extra, reach, check_reach, rid)])[0]
 
     def new_records(self, drafts: list[Draft]) -> list[records.NewRecord]:
-        """The records of several drafts, their commands signed with one signature (Signer.sign_many)."""
+        """The records of several drafts, their commands signed with one signature (Signer.sign_many; a
+        lone command gets a plain one)."""
         sigs = iter(self.signer.sign_many([x.command.encode() for x in drafts if x.command]))
         return [self._record(x, next(sigs) if x.command else "") for x in drafts]
 
