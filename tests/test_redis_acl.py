@@ -26,14 +26,12 @@ from trainmedic.client.wire import keys, records
 from trainmedic.service.embedded_redis import EmbeddedRedis
 
 from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, SIGNING_KEY, VERIFY_KEY, Gunicorn, load_fixture
-from tests.support import jobs
+from tests.support import acl, jobs
 from tests.support.nvml import AgentProcess
 
-ACL = ROOT / "config" / "redis" / "users.acl"
-RENDER = ROOT / "config" / "redis" / "render-acl.sh"
-PASSWORDS = {"SERVICE": "svc-" + "1" * 60, "AGENT": "agt-" + "2" * 60, "TRAINER": "trn-" + "3" * 60}
 JOB, NODE = "acl-job", "acl-node"
-USERS = {"SERVICE": "trainmedic", "AGENT": f"trainmedic-node-{NODE}", "TRAINER": f"trainmedic-job-{JOB}"}
+USERS = acl.users(NODE, JOB)
+PASSWORDS = acl.PASSWORDS
 DAY = 86400.0
 
 
@@ -41,24 +39,14 @@ DAY = 86400.0
 def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     """redis-server with the ACL file rendered as docker-compose.yml renders it, plus an inspector for the test."""
     tmp = tmp_path_factory.mktemp("acl")
-    rendered = tmp / "users.acl"
-    env = {**os.environ, "TRAINMEDIC_ACL_TEMPLATE": str(ACL), "TRAINMEDIC_ACL_OUT": str(rendered),
-           "TRAINMEDIC_NODE": NODE, "TRAINMEDIC_JOB": JOB,
-           **{f"TRAINMEDIC_REDIS_{who}_PASSWORD": pw for who, pw in PASSWORDS.items()}}
-    subprocess.run(["sh", str(RENDER), "true"], env=env, check=True, timeout=30)
-    assert oct(rendered.stat().st_mode & 0o777) == "0o600"
-    text = rendered.read_text()
-    assert "_SHA256@" not in "".join(line for line in text.splitlines() if not line.startswith("#"))  # filled in
-    assert not any(pw in text for pw in PASSWORDS.values())  # hashes only
-    # Only this test's own inspector may read ACL LOG; it is not part of the shipped file.
-    rendered.write_text(text + "\nuser inspector on >inspector-pw ~* &* +@all\n")
+    rendered = acl.render(tmp / "users.acl", NODE, JOB)
     server = EmbeddedRedis(tmp / "data", appendonly=False, extra_args=("--aclfile", str(rendered))).start()
     yield server
     server.stop()
 
 
 def url(server: EmbeddedRedis, who: str) -> str:
-    return f"redis://{USERS[who]}:{PASSWORDS[who]}@127.0.0.1:{server.port}/0"
+    return acl.url(server.port, who, NODE, JOB)
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +77,13 @@ def webhook(g: Gunicorn, status: str = "firing", **labels: str) -> dict:
 
 def test_redis_loads_the_acl_file_and_no_user_may_run_admin_or_keyspace_wide_commands(acl_redis, inspector) -> None:
     users = set(inspector.acl_users())
-    assert users == {"default", *USERS.values(), "inspector"}
+    assert users == {"default", "health", *USERS.values(), "inspector"}
+    # The default user keeps every command (Redis replays the AOF as that user), behind a password nobody has.
     default = inspector.acl_getuser("default")
-    assert not default["keys"] and not default["channels"] and "nopass" in default["flags"]
+    assert "nopass" not in default["flags"] and "on" in default["flags"] and default["passwords"]
+    assert inspector.execute_command("ACL", "DRYRUN", "default", "EVALSHA", "0" * 40, "0") == "OK"
+    health = inspector.acl_getuser("health")
+    assert not health["keys"] and not health["channels"] and "nopass" in health["flags"]
     # No user may run admin, configuration, keyspace-wide or free-form script commands (ACL DRYRUN asks Redis).
     forbidden = [["FLUSHALL"], ["FLUSHDB"], ["KEYS", "*"], ["SCAN", "0"], ["CONFIG", "SET", "appendonly", "no"],
                  ["EVAL", "return 1", "0"], ["SCRIPT", "FLUSH"], ["FUNCTION", "FLUSH"], ["DEBUG", "SLEEP", "0"],
@@ -102,13 +94,17 @@ def test_redis_loads_the_acl_file_and_no_user_may_run_admin_or_keyspace_wide_com
         for cmd in forbidden:
             answer = inspector.execute_command("ACL", "DRYRUN", user, *cmd)
             assert answer != "OK", (user, cmd)
-    # The default user, as anyone reaching the port is, may PING and nothing else.
+    # Anyone reaching the port without a password is refused; the health check's user may PING and nothing else.
     anyone = redis.Redis(port=acl_redis.port, decode_responses=True)
-    assert anyone.ping()
-    for call in (lambda: anyone.get("trainmedic:history"), lambda: anyone.keys("*"), lambda: anyone.flushall()):
+    with pytest.raises(redis.AuthenticationError):
+        anyone.ping()
+    anyone.close()
+    health = redis.Redis(port=acl_redis.port, username="health", password="anything", decode_responses=True)
+    assert health.ping()
+    for call in (lambda: health.get("trainmedic:history"), lambda: health.keys("*"), lambda: health.flushall()):
         with pytest.raises(NoPermissionError):
             call()
-    anyone.close()
+    health.close()
     inspector.acl_log_reset()
 
 

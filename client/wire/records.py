@@ -167,7 +167,7 @@ def ms(seconds: float) -> int:
 JOURNALING = frozenset({"decide_many", "approve", "claim", "ack", "reconcile", "verdict", "deferred"})
 # lua/decide.lua runs inside DECIDE_MANY (see lua()), never on its own.
 SCRIPTS = ("decide_many", "approve", "claim", "ack", "reconcile", "release", "reapply", "verdict", "deferred",
-           "breaker")
+           "breaker", "mark")
 
 
 class Scripts:
@@ -189,6 +189,7 @@ class Scripts:
     verdict: Any
     deferred: Any
     breaker: Any
+    mark: Any
 
 
 Call = tuple[Any, list[str], list[Any]]

@@ -30,10 +30,13 @@ job=$(name TRAINMEDIC_JOB example-job)
 service=$(sha TRAINMEDIC_REDIS_SERVICE_PASSWORD)
 agent=$(sha TRAINMEDIC_REDIS_AGENT_PASSWORD)
 trainer=$(sha TRAINMEDIC_REDIS_TRAINER_PASSWORD)
+# The default user's password: 32 random bytes nobody ever sees (its SHA-256 only is written).
+default=$(head -c 32 /dev/urandom | sha256sum | cut -d ' ' -f 1)
 umask 077
 # redis-server reads no comments in an ACL file: they stay in the template.
 sed -e '/^[[:space:]]*#/d' -e '/^[[:space:]]*$/d' -e "s/@SERVICE_PASSWORD_SHA256@/$service/" -e "s/@AGENT_PASSWORD_SHA256@/$agent/" \
-    -e "s/@TRAINER_PASSWORD_SHA256@/$trainer/" -e "s/@NODE@/$node/g" -e "s/@JOB@/$job/g" "$template" > "$out"
+    -e "s/@TRAINER_PASSWORD_SHA256@/$trainer/" \
+    -e "s/@DEFAULT_PASSWORD_SHA256@/$default/" -e "s/@NODE@/$node/g" -e "s/@JOB@/$job/g" "$template" > "$out"
 if [ "$(id -u)" = 0 ] && id redis >/dev/null 2>&1; then
   chown redis:redis "$out"  # the image's entrypoint runs redis-server as the redis user
 fi

@@ -123,17 +123,33 @@ class Reconciler:
         self.r.set(keys.EPOCH, rfc3339(), nx=True)
 
     def _check_epoch(self) -> bool:
-        if self.r.exists(keys.EPOCH):
+        """Whether Redis came back without trainmedic's data since the last pass (and count it once if so)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(keys.EPOCH)
+        pipe.hget(keys.MARK, "n")
+        pipe.get(keys.MARK_SEEN)
+        epoch, mark, seen = pipe.execute()
+        if not epoch:
+            if not self.r.set(keys.EPOCH, rfc3339(), nx=True):
+                return False  # another reconciler saw it first
+            why = ("records, episodes and cooldowns before now are gone (restarted without persistence, flushed, or "
+                   "a failover to an empty replica)")
+        elif seen is not None and (mark is None or int(mark) < int(seen)):
+            why = ("what its scripts wrote (records, episodes, mailboxes) is gone while plain writes survived: Redis "
+                   "dropped the scripts' transactions when it loaded its AOF (an ACL file whose default user may not "
+                   "run every command; README: Durability)")
+        else:
+            why = ""
+        # The pass's mark, written by a script, and the copy kept with a plain SET.
+        self.r.set(keys.MARK_SEEN, int(self.scripts.mark(keys=[keys.MARK], args=[int(time.time() * 1000)])))
+        if not why:
             return False
-        if not self.r.set(keys.EPOCH, rfc3339(), nx=True):
-            return False  # another reconciler saw it first
         pipe = self.r.pipeline(transaction=False)
         pipe.incr(keys.RESETS)
         pipe.set(keys.RESET_AT, rfc3339(), ex=int(RESET_BANNER_SECONDS))
         pipe.execute()
-        log.error("Redis came back without trainmedic's data (restarted without persistence, flushed, or a "
-                  "failover to an empty replica): records, episodes and cooldowns before now are gone; the "
-                  "appliers' own state still keeps any command from being applied twice")
+        log.error("Redis came back without trainmedic's data: %s; the appliers' own state still keeps any command "
+                  "from being applied twice", why)
         return True
 
     # -- one pass
