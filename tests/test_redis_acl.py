@@ -373,9 +373,9 @@ def test_docker_compose_gives_each_service_its_own_redis_user_with_its_password_
 
 def test_render_acl_refuses_to_start_redis_without_a_password(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEDIC_")}
-    env.update(TRAINMEDIC_ACL_TEMPLATE=str(ACL), TRAINMEDIC_ACL_OUT=str(tmp_path / "users.acl"),
+    env.update(TRAINMEDIC_ACL_TEMPLATE=str(acl.ACL), TRAINMEDIC_ACL_OUT=str(tmp_path / "users.acl"),
                TRAINMEDIC_REDIS_SERVICE_PASSWORD="x", TRAINMEDIC_REDIS_AGENT_PASSWORD="y")
-    out = subprocess.run(["sh", str(RENDER), "touch", str(tmp_path / "started")], env=env, capture_output=True,
+    out = subprocess.run(["sh", str(acl.RENDER), "touch", str(tmp_path / "started")], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 1 and not (tmp_path / "started").exists()
     assert out.stderr.strip() == ("render-acl: TRAINMEDIC_REDIS_TRAINER_PASSWORD is not set (docker-compose.yml "

@@ -228,8 +228,8 @@ DUE = PREFIX + "due"
 RECONCILER_LEASE = PREFIX + "reconciler"
 # Written once into a keyspace; its absence later means Redis came back without trainmedic's data.
 EPOCH = PREFIX + "epoch"
-# A count (hash field n) that only a script writes (lua/mark.lua), and the service's copy of it written with a plain SET: a
-# count below its copy means Redis came back without what the scripts wrote (records, episodes, mailboxes).
+# A count (hash field n) that only a script writes (lua/mark.lua), and the service's copy of it written with a
+# plain SET: a count below its copy means Redis came back without what the scripts wrote (records, episodes...).
 MARK = PREFIX + "mark"
 MARK_SEEN = PREFIX + "mark:seen"
 RESETS = PREFIX + "resets"

@@ -1,4 +1,4 @@
-"""config/redis/users.acl rendered as docker-compose.yml renders it (render-acl.sh), for tests on a real redis-server."""
+"""config/redis/users.acl rendered as docker-compose.yml renders it (render-acl.sh), for tests on redis-server."""
 from __future__ import annotations
 
 import os
