@@ -28,6 +28,8 @@ COPY pyproject.toml README.md /
 COPY client /client
 COPY service /service
 COPY playbooks /playbooks
+# The links that install those three as the one package trainmedic (pyproject's package-dir).
+COPY src /src
 
 
 # The build stages: a virtualenv of pinned packages, then pip itself taken out of it (the final images copy

@@ -3,6 +3,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 9095
+# The embedded Redis's port (empty: serve's own default, 6390).
+REDIS_PORT ?=
 
 .PHONY: serve test lint system-deps compose-test bench demo dist clean
 
@@ -23,7 +25,7 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	touch $@
 
 serve: $(VENV)/.serve
-	$(BIN)/trainmedic serve --host $(HOST) --port $(PORT) --data-dir .trainmedic
+	$(BIN)/trainmedic serve --host $(HOST) --port $(PORT) $(if $(REDIS_PORT),--redis-port $(REDIS_PORT)) --data-dir .trainmedic
 
 # The Debian tools the tests drive (Redis, Prometheus, Alertmanager, Chromium, Slurm...), installed when missing.
 system-deps:

@@ -24,7 +24,7 @@ class Stack:
     """Redis (AOF on, as `trainmedic serve` runs it) plus gunicorn with N workers; a context manager."""
 
     def __init__(self, workers: int = 4, playbooks: str | None = None, redis_url: str | None = None,
-                 env: dict[str, str] | None = None, fsync: str = "everysec"):
+                 env: dict[str, str] | None = None, fsync: str = "everysec", serve: bool = True):
         self.tmp = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
         self.redis = None if redis_url else EmbeddedRedis(self.tmp / "redis", fsync=fsync)
         self.redis_url = redis_url
@@ -33,11 +33,15 @@ class Stack:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.extra_env = env or {}
+        self.serve = serve  # False: Redis alone, no gunicorn
+        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Stack:
         if self.redis is not None:
             self.redis.start()
             self.redis_url = self.redis.url
+        if not self.serve:
+            return self
         env = dict(os.environ, TRAINMEDIC_REDIS_URL=self.redis_url, TRAINMEDIC_BIND=f"127.0.0.1:{self.port}",
                    TRAINMEDIC_WORKERS=str(self.workers), TRAINMEDIC_WEBHOOK_TOKEN=TOKEN,
                    TRAINMEDIC_PLAYBOOKS=self.playbooks, TRAINMEDIC_LOG_LEVEL="warning",
@@ -56,9 +60,10 @@ class Stack:
         raise RuntimeError(f"service did not start; see {self.tmp / 'gunicorn.log'}")
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
-        self.log.close()
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(15)
+            self.log.close()
         if self.redis is not None:
             self.redis.stop()
 

@@ -21,7 +21,8 @@ import requests
 
 from common import ROOT, TOKEN, Stack, percentile
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack
 from trainmedic.client.wire.redis import run_scripts
 from trainmedic.service import history

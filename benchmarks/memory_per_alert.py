@@ -49,7 +49,8 @@ from common import ROOT
 from cost_model import fill, in_process
 from history_scale import kind_of
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack
 from trainmedic.client.wire.redis import run_scripts
 from trainmedic.service import history

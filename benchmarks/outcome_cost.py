@@ -26,7 +26,8 @@ from common import SIGNING_KEY, TOKEN
 import redis
 
 from trainmedic.client.receiver.mailbox import Mailbox
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack
 from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis

@@ -23,6 +23,7 @@ from common import SIGNING_KEY, TOKEN
 import redis
 
 from trainmedic.client.receiver.mailbox import Mailbox
+from trainmedic.service.beats import announce
 from trainmedic.client.wire import keys
 from trainmedic.service.app import create_app
 from trainmedic.service.embedded_redis import EmbeddedRedis
@@ -119,10 +120,13 @@ def main() -> None:
         # restart: every record claimed by a process that died, a new process heartbeats on every target
         for i in range(args.targets):
             box = Mailbox(r, keys.Target("job", f"job-{i}"))
-            for e in box.fetch(count=1000):
-                assert box.claim(e, "old-host:1") == "ok"
+            while entries := box.fetch():
+                for e in entries:
+                    assert box.claim(e, "old-host:1") == "ok"
         for i in range(args.targets):
-            Mailbox(r, keys.Target("job", f"job-{i}")).heartbeat({"host": "new-host", "pid": 2}, first=True)
+            Mailbox(r, keys.Target("job", f"job-{i}")).heartbeat({"host": "new-host", "pid": 2})
+        # What the service does when it hears them announce themselves.
+        announce(r, [keys.Target("job", f"job-{i}") for i in range(args.targets)])
         # The reconciler's next passes, once the claims are older than its recheck (10 s).
         rows.append(ticks(rc, r, time.time() + 11, "restart (re-offer all)"))
         offered = sum(int(r.hget(keys.record(rid), "offers") or 0) for rid in r.zrange(keys.HISTORY, 0, -1))

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SKIP = {"run_all.py", "common.py"}
+SKIP = {"run_all.py", "common.py", "proc_cpu.py"}
 
 
 def main() -> int:

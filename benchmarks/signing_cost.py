@@ -29,7 +29,7 @@ from common import ROOT, SIGNING_KEY, Stack, percentile
 import redis
 
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import Step
+from trainmedic.service.store.decision import Step
 from trainmedic.client.wire.signing import Signer, Verifier
 from trainmedic.service.decide.dispatch import command_for, new_record_id
 from webhook_throughput import run_wrk

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Self
 from collections.abc import Mapping
 
+from .wire.durations import HINT, parse_duration
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -47,6 +49,20 @@ def secret(env: Mapping[str, str], name: str) -> str | None:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise SettingsError(f"cannot read {name}_FILE {path}: {reason}") from None
     return text or None
+
+
+def duration(env: Mapping[str, str], name: str, default: float) -> float:
+    """NAME as a positive duration (30s, 10m, ...) or a plain number of seconds; default when unset."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = parse_duration(float(raw) if raw.replace(".", "", 1).isdigit() else raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise SettingsError(f"{name} must be a positive duration ({HINT}) or a number of seconds, not {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ training_throughput_samples_per_second, training_gpu_info, ..., labelled job_nam
 With --spike-at N it reads a corrupt data shard from step N (targets replaced by noise), so the loss
 spikes on purpose; rolling back to the last good checkpoint also skips that shard, as an operator would.
 
+It needs PyTorch and prometheus-client, which the `demo` extra brings (`pip install 'trainmedic[demo]'`; in
+a checkout, `.venv/bin/pip install -e '.[demo]'`):
+
     export TRAINMEDIC_REDIS_URL=...   # the URL `trainmedic serve` prints (its Redis is on 127.0.0.1:6390)
     export TRAINMEDIC_VERIFY_KEY=...  # the verify key it prints too
     python examples/train.py --job demo --spike-at 600
@@ -28,8 +31,12 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-import torch
-from prometheus_client import Counter, Gauge, start_http_server
+try:
+    import torch
+    from prometheus_client import Counter, Gauge, start_http_server
+except ModuleNotFoundError as missing:  # one line, not a traceback: what to install
+    raise SystemExit(f"examples/train.py needs {missing.name}, which the demo extra brings: "
+                     "pip install 'trainmedic[demo]' (in a checkout: .venv/bin/pip install -e '.[demo]')") from None
 
 from trainmedic.client import RemediationClient
 

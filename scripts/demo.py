@@ -7,6 +7,9 @@ acknowledged the remediation, then prints the timeline and the history page's ad
 
     python scripts/demo.py            # keeps running afterwards so you can browse the page; Ctrl-C stops
     python scripts/demo.py --exit     # stops once the loop has closed (CI)
+
+Ctrl-C, SIGTERM and SIGHUP (a closed terminal) all stop every process it started and remove its temporary
+folder (kept, with the logs, when the demo failed).
 """
 from __future__ import annotations
 
@@ -14,12 +17,15 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,39 @@ from tests.support.stack import Alertmanager, Prometheus  # noqa: E402
 
 JOB = "demo-job"
 ALERT = "TrainingLossSpike"
+# The signals that stop the demo: Ctrl-C, `kill` and a closed terminal.
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP: stop every child, as Ctrl-C always did."""
+
+
+class _Stops:
+    """Turns the stopping signals into Stopped, held back while a child starts (see held())."""
+
+    holding = 0
+    pending: int | None = None
+
+    @classmethod
+    def handle(cls, signum: int, frame: Any) -> None:
+        if cls.holding:
+            cls.pending = signum
+            return
+        raise Stopped(signal.Signals(signum).name)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Hold a stop back while a child starts, so that every child the demo starts is one it stops. (Not with
+    a blocked signal mask: children would inherit it and never see their own SIGTERM.)"""
+    _Stops.holding += 1
+    try:
+        yield
+    finally:
+        _Stops.holding -= 1
+        if not _Stops.holding and _Stops.pending is not None:
+            raise Stopped(signal.Signals(_Stops.pending).name)
 
 
 def ts(rfc: str) -> float:
@@ -52,15 +91,18 @@ class Demo:
 
     def spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.work / f"{name}.log", "wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                env={**os.environ, **(env or {})})
-        self.children.append(proc)
+        # A session of its own: a closed terminal's SIGHUP reaches the demo only, which stops it in order.
+        with held():
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                    env={**os.environ, **(env or {})}, start_new_session=True)
+            self.children.append(proc)
         return proc
 
     def start(self) -> None:
         step("embedded Redis")
-        self.redis = EmbeddedRedis(self.work / "redis").start()
-        self.children.append(self.redis)
+        with held():
+            self.redis = EmbeddedRedis(self.work / "redis").start()
+            self.children.append(self.redis)
 
         step("trainmedic service (gunicorn) and a node agent")
         self.port = self.args.port or free_port()
@@ -85,16 +127,18 @@ class Demo:
                                "--no-detect"])
 
         step("Alertmanager (Debian), routing to the webhook with a bearer token")
-        self.am = Alertmanager(self.work, self.url + "/webhook", self.token, group_wait="1s",
-                               group_interval="5s", repeat_interval="1m")
-        self.children.append(self.am)
+        with held():
+            self.am = Alertmanager(self.work, self.url + "/webhook", self.token, group_wait="1s",
+                                   group_interval="5s", repeat_interval="1m")
+            self.children.append(self.am)
 
         step("Prometheus (Debian), evaluating the shipped rules every second")
         rules = sorted((ROOT / "config" / "rules").glob("*.yml"))
         rules = [r for r in rules if not r.name.startswith("test")]
-        self.prom = Prometheus(self.work, [f"127.0.0.1:{self.metrics_port}"], rules, f"127.0.0.1:{self.am.port}",
-                               port=self.prom_port)
-        self.children.append(self.prom)
+        with held():
+            self.prom = Prometheus(self.work, [f"127.0.0.1:{self.metrics_port}"], rules,
+                                   f"127.0.0.1:{self.am.port}", port=self.prom_port)
+            self.children.append(self.prom)
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -140,8 +184,9 @@ class Demo:
             if rec:
                 seen.setdefault("record", rec)
                 seen["record"] = rec
-            line = (f"[{now - self.t0:5.1f}s] step {stepn or 0:>5.0f}  loss {loss or 0:7.4f}  lr {lr or 0:.2e}"
-                    f" | Prometheus: {state:<8} | trainmedic: {status}")
+            job = (f"step {stepn:>5.0f}  loss {loss:7.4f}  lr {lr:.2e}" if None not in (stepn, loss, lr) else
+                   "waiting for the job's first metrics")
+            line = f"[{now - self.t0:5.1f}s] {job:<38} | Prometheus: {state:<8} | trainmedic: {status}"
             if tty:
                 print("\r" + line.ljust(100), end="", flush=True)
             elif now - last_print >= 5:
@@ -245,8 +290,10 @@ def main() -> int:
     ap.add_argument("--spike-at", type=int, default=1500, help="step at which the toy job's loss spikes")
     ap.add_argument("--timeout", type=float, default=150.0)
     args = ap.parse_args()
+    for signum in STOPS:
+        signal.signal(signum, _Stops.handle)
     work = Path(tempfile.mkdtemp(prefix="trainmedic-demo-"))
-    print(f"trainmedic demo on {socket.gethostname()}: logs and data in {work}")
+    print(f"trainmedic demo on {socket.gethostname()}: logs and data in {work} (removed when it stops)")
     demo = Demo(work, args)
     code = 1
     try:
@@ -261,14 +308,21 @@ def main() -> int:
             args.summary.write_text(json.dumps(summary, indent=2))
         if not args.exit:
             print("The demo keeps running so you can look around; Ctrl-C stops everything.")
-            signal.sigwait({signal.SIGINT, signal.SIGTERM}) if hasattr(signal, "sigwait") else time.sleep(1e9)
-    except KeyboardInterrupt:
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:  # Stopped: Ctrl-C, SIGTERM, SIGHUP
         code = 0
     except (TimeoutError, RuntimeError, OSError) as exc:
         print(f"\ndemo failed: {exc}", file=sys.stderr)
     finally:
-        print("Stopping...", flush=True)
+        for signum in STOPS:  # stopping is not interrupted: no child is left behind
+            signal.signal(signum, signal.SIG_IGN)
+        print("\nStopping...", flush=True)
         demo.stop()
+        if code == 0:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"Logs are kept in {work}", file=sys.stderr)
     return code
 
 

@@ -11,7 +11,6 @@ import redis
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from ..client.wire import records
 from ..client.wire.redis import connect
 from ..client.wire.signing import Signer
 
@@ -25,6 +24,7 @@ from .people import People
 from .prometheus import Prometheus
 from .rules.playbooks import SHIPPED, Playbook, load, missing_alertmanager
 from .settings import ServiceSettings
+from .store.scripts import load_scripts
 from .web.metrics import WEBHOOK_SECONDS, Metrics
 
 log = logging.getLogger("trainmedic.service")
@@ -57,7 +57,7 @@ class Extension:
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """The Flask app: the environment's settings, then test overrides (ServiceSettings field names, or Flask's)."""
     app = Flask(__name__, static_folder="web/static")
-    # Records answer in the contract's field order, and unsorted encoding is a third cheaper on a history page.
+    # Records answer in their documented field order, and unsorted encoding is a third cheaper on a history page.
     app.json.sort_keys = False  # type: ignore[attr-defined]  # DefaultJSONProvider has it
     settings = ServiceSettings.from_env()
     overrides = dict(test_config or {})
@@ -101,8 +101,8 @@ def init_app(app: Flask, settings: ServiceSettings) -> None:
                             on_change=metrics.ended, detections=detections)
     try:
         reconciler.mark_epoch()
-        records.load_scripts(r)  # trainers and agents may run the scripts, not load them
-        upgrade.playbook_states(r)
+        load_scripts(r)  # trainers and agents may run the scripts, not load them
+        upgrade.run(r, dispatcher.signer)
     except REDIS_DOWN as exc:  # the app still starts; the reconciler marks it when Redis is back
         log.warning("Redis unavailable at start: %s", exc)
     app.extensions["trainmedic"] = Extension(settings, r, playbooks, dispatcher, reconciler, metrics, prometheus)

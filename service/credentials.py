@@ -1,13 +1,13 @@
-"""Redis ACL users of one node agent or one training job: that target's own keys, and what its scripts need.
+"""Redis ACL users of one node agent or one training job: that target's own keys and channel, and nothing shared.
 
-A node's credentials must not let anyone command another node (nor a job's another job): each user may touch
-only keys under its own hash tag (`{node:NAME}` or `{job:NAME}`: mailbox, cursor, records, ledger, ...), its
-own wake-up channel, and the few shared keys its scripts write (its heartbeat joins the live targets, and a
-job's the jobs reporting training signals; its acks count in the metrics; its first heartbeat puts it among
-the due targets; its refusals of forged commands are counted; the records its acks settle are journaled for
-the history index). Lua scripts run with
-the caller's permissions, so every command a script calls is listed; none may load scripts of its own.
-config/redis/users.acl holds the same rules for the Compose stack's own agent and trainer (a test compares).
+A node's credentials must not let anyone command another node (nor a job's another job), nor stop remediation
+for everyone else: each user may touch only keys under its own hash tag (`{node:NAME}` or `{job:NAME}`:
+mailbox, cursor, records, state, journal, counts, heartbeat, ledger...) and publish on its own channel to the
+service (keys.up_channel); the keys every target shares (live targets, due targets, the history index, the
+metrics) are the service's alone, which folds in what appliers leave in their own keys (service/fold.py).
+Lua scripts run with the caller's permissions, so every command a script calls is listed; none may load
+scripts of its own. config/redis/users.acl holds the same rules for the Compose stack's own agent and trainer
+(a test compares).
 """
 from __future__ import annotations
 
@@ -19,24 +19,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..client.wire import keys
 
-# What each kind's client and scripts call (client/receiver, client/wire/lua; HMGET reads the signed command
-# of each record its mailbox names).
-COMMANDS = {
-    "node": ("+info", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hmget", "+hset", "+hdel",
-             "+hexists", "+hincrby", "+hincrbyfloat", "+zadd", "+zrem", "+xrange", "+xadd", "+rpush", "+sadd",
-             "+subscribe", "+unsubscribe", "+publish"),
-    "job": ("+info", "+client|setname", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hmget", "+hset",
-            "+hdel", "+hexists", "+hincrby", "+hincrbyfloat", "+zadd", "+zrem", "+xrange", "+xadd", "+lrange",
-            "+rpush", "+ltrim", "+sadd", "+subscribe", "+unsubscribe", "+publish"),
-}
-
-
-def shared_keys(kind: str) -> tuple[str, ...]:
-    """The keys outside its own hash tag that a target's client and scripts write."""
-    shared = (keys.TARGETS, keys.live(kind), keys.METRICS, keys.DUE, keys.REJECTED, keys.HIST_JOURNAL,
-              keys.HIST_DIRTY)
-    # A job's heartbeat also puts it among the jobs whose training signals GET /metrics reads.
-    return (*shared, keys.SIGNALS_JOBS) if kind == "job" else shared
+# What a target's client and scripts call (client/receiver, client/wire/lua: claim, ack, release, reapply).
+COMMANDS = ("+info", "+client|setname", "+evalsha", "+get", "+set", "+exists", "+pexpire", "+hget", "+hmget",
+            "+hset", "+hdel", "+hexists", "+hincrby", "+hincrbyfloat", "+zadd", "+zrem", "+xrange", "+xread",
+            "+xadd", "+xtrim", "+lrange", "+rpush", "+ltrim", "+publish")
 
 
 def user_name(t: keys.Target) -> str:
@@ -46,14 +32,8 @@ def user_name(t: keys.Target) -> str:
 
 def rules(t: keys.Target) -> tuple[str, ...]:
     """The ACL rules of a target's user, after its password (target names hold no glob characters)."""
-    return ("resetkeys", "resetchannels", f"~{keys.PREFIX}{t.tag}:*", *(f"~{k}" for k in shared_keys(t.kind)),
-            *channels(t), "-@all", *COMMANDS[t.kind])
-
-
-def channels(t: keys.Target) -> tuple[str, ...]:
-    """The channels a target's user may use: its wake-up channel, and a job's detections channel."""
-    own = (keys.wake_channel(t), keys.detected_channel(t)) if t.kind == "job" else (keys.wake_channel(t),)
-    return tuple(f"&{c}" for c in own)
+    return ("resetkeys", "resetchannels", f"~{keys.PREFIX}{t.tag}:*", f"&{keys.up_channel(t)}", "-@all",
+            *COMMANDS)
 
 
 def acl_line(t: keys.Target, password: str) -> str:

@@ -3,32 +3,30 @@
 The index (README "HTTP API", GET /history: full pages, every record within retention listed and filterable):
 
 - Every record gets a sequence number when it is first indexed (HIST_SEQ, INCRBY); `keys.HISTORY` holds record
-  ids scored by it, and the record keeps it in its `seq` field.
+  ids scored by it.
 - Per segment of 2^16 sequence numbers, a bitmap per (field, value) says which records have it: status,
-  outcome (`none` for records without one), playbook and alertname (hashed, so a key stays short).
+  outcome, and facet (a playbook and an alert name together, digested; keys.HIST_FACETS names each facet).
 - Per target, `{tag}:hist` holds the target's record ids by sequence number (the `target=` filter).
-- The scripts that make a record or change its status or outcome push its id to a journal (lua/common.lua
-  `hist_touch`): the global one on a single Redis, the target's own on Redis Cluster (a script may only touch
-  its slot), where whoever ran the script then names the target in `keys.HIST_DIRTY` (client/wire/cluster.py
-  `mark_journaled`: the service, and trainers and agents for their claims and acks). `catch_up` (one indexer
-  at a time, under a lock) first moves the named targets' journals into the global one, then folds it into
-  the indexes, reading each record's current status and outcome, so the order in which changes were
-  journaled does not matter. Every query catches up before it answers, and so does every reconciler tick, so a
-  query sees every change made before it (a record is listed and filterable as soon as the webhook answered),
-  on any target, visited by the reconciler or not; the webhook itself never waits for the indexer.
+- The scripts that make a record or change its status or outcome journal it (lua/common.lua): a new record
+  with its playbook and alert name, a change as the status or outcome before and after. The service's own
+  scripts journal into the global journal on a single Redis; an applier's scripts, and every script on Redis
+  Cluster, into the target's own, which the service takes (service/fold.py) for the targets it learns changed
+  (keys.HIST_DIRTY) and for every target the reconciler visits. `catch_up` (one indexer at a time, under a
+  lock) takes the dirty targets' journals, then folds the global one into the index: a new record's status and
+  outcome as the record holds them then, a change as its bits moved. A change of a record not yet indexed is
+  dropped: the record's own entry, folded after it, reads where it stands. Every query catches up before it
+  answers, and so does every reconciler tick, so a query sees every change made before it; the webhook itself
+  never waits for the indexer.
 - Concurrency: the lock (LOCK_MS) is renewed between batches. On a single Redis each batch of FOLD_BATCH
   entries is one script (client/wire/lua/fold.lua) that writes only while the lock holds the indexer's token,
   so an indexer whose lock lapsed writes nothing (the next one does it). On Redis Cluster (no transaction
-  across slots) the lock is checked between batches only: a batch that stalls past LOCK_MS can still overlap
-  the next indexer's first batch (both write the records' current state, but a new record could get two
-  sequence numbers); batches there are DRAIN_BATCH entries, folded from the service in Python (`_drain_batch`).
-  Which of the two runs, and the journals' forwarding, is client/wire/cluster.py's (`fold_batch`).
+  across slots) the same fold runs here in Python (`_fold_entries`), the lock checked between batches.
 - A query walks candidates newest first (the history, a target's set, or the AND of bitmaps segment by
   segment), reads their records and checks each against the query (a stale bit can only add a candidate,
   never hide one), until the page has `limit` records and one more says there is a next page.
-- Retention (`trim`, called by the reconciler) deletes the oldest records beyond the count, clears their
-  bits and target entries, sweeps records that expired by age out of the indexes, and drops whole segments
-  that hold no record any more.
+- Retention (`trim`, called by the reconciler) deletes the oldest records beyond the count or the age (a
+  record's age is in its id), drops them from the history and their target's list, and drops whole segments
+  older than the oldest record left.
 """
 from __future__ import annotations
 
@@ -43,9 +41,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client.wire import cluster, keys
-from ..client.wire.records import Outcome, RecordStatus, StoredRecord, lua
+from ..client.wire.redis import run_scripts
+from ..client.wire.scripts import script
+from ..client.wire.status import Outcome, RecordStatus
 
+from . import fold as target_fold, repairs
 from .errors import BadRequest, NotFound
+from .store.record import BadRecord, StoredRecord, created_us
 
 # The filters' choices.
 STATUSES = tuple(RecordStatus)
@@ -55,11 +57,13 @@ MAX_LIMIT = 500
 SEG_BITS = 16
 SEG = 1 << SEG_BITS
 DRAIN_BATCH = 1000
-# Journal entries one FOLD script takes on a single Redis (~35 µs of Redis each: it holds Redis ~4 ms).
-FOLD_BATCH = 100
+# Journal entries one FOLD script takes on a single Redis (it holds Redis for a few ms).
+FOLD_BATCH = 200
 LOCK_MS = 10_000
-# Records the retention sweep checks per tick for having expired by age (oldest first).
-SWEEP_PROBE = 1000
+# Records kept at most this long (README: Retention).
+MAX_AGE = 30 * 86400.0
+# Dirty targets whose journals one catch-up takes at most (the rest at the next).
+DIRTY_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -99,68 +103,78 @@ class Query:
                    playbook=args.get("playbook") or None, target=args.get("target") or None, status=status,
                    outcome=outcome)
 
-    def accepts(self, rec: dict) -> bool:
-        t = rec["target"]
-        return ((self.status is None or rec["status"] == self.status)
-                and (self.playbook is None or rec["playbook"] == self.playbook)
-                and (self.alertname is None or rec["alert"].get("alertname") == self.alertname)
-                and (self.outcome is None or (rec.get("outcome") or {}).get("status") == self.outcome)
-                and (self.target is None or self.target in (t.get("name"), f"{t['kind']}:{t.get('name')}")))
+    def accepts(self, rec: StoredRecord) -> bool:
+        t = rec.target
+        return ((self.status is None or rec.status == self.status)
+                and (self.playbook is None or rec.playbook == self.playbook)
+                and (self.alertname is None or rec.alert.alertname == self.alertname)
+                and (self.outcome is None or (rec.outcome is not None and rec.outcome.status == self.outcome))
+                and (self.target is None or self.target in (t.name, t.label)))
 
-    def bitmaps(self) -> list[tuple[str, str]]:
-        """(field, value) of the bitmaps this query ANDs (target= has its own index)."""
+    def bitmaps(self, facets: dict[str, tuple[str, str]]) -> list[list[tuple[str, str]]]:
+        """The bitmaps this query ANDs, each an OR of one or more (target= has its own index): its status, its
+        outcome, and the facets of its playbook or alert name (with the bitmaps an earlier version kept of each)."""
         out = []
         if self.status:
-            out.append(("s", self.status))
+            out.append([("s", self.status)])
         if self.outcome:
-            out.append(("o", self.outcome))
-        if self.playbook:
-            out.append(("p", _hashed(self.playbook)))
-        if self.alertname:
-            out.append(("a", _hashed(self.alertname)))
+            out.append([("o", self.outcome)])
+        if self.playbook or self.alertname:
+            chosen = [("f", f) for f, (pb, an) in facets.items()
+                      if (self.playbook is None or pb == self.playbook)
+                      and (self.alertname is None or an == self.alertname)]
+            if self.playbook:
+                out.append([*chosen, ("p", digest(self.playbook))])
+            if self.alertname:
+                out.append([*chosen, ("a", digest(self.alertname))])
         return out
 
 
-def _hashed(value: str) -> str:
-    # SHA-1 because lua/fold.lua computes the same names (redis.sha1hex); a name, not a secret.
+def digest(value: str) -> str:
+    """The name a value gets in the index's keys: the first 16 hex digits of its SHA-1 (lua/fold.lua does the
+    same with redis.sha1hex); a name, not a secret."""
     return hashlib.sha1(value.encode()).hexdigest()[:16]
 
 
-def _mutable(h: dict[str, Any]) -> str:
-    """The index state of a record that may change: "status|outcome"."""
-    raw = h.get("outcome")
-    outcome = (json.loads(raw) or {}).get("status") if raw else None
-    return f"{h.get('status')}|{outcome or 'none'}"
-
-
-def _bits(seq: int, state: str, playbook: str | None, alertname: str | None) -> list[str]:
-    seg = seq >> SEG_BITS
-    status, outcome = state.split("|", 1)
-    out = [keys.hist_bitmap(seg, "s", status), keys.hist_bitmap(seg, "o", outcome)]
-    if playbook is not None:
-        out.append(keys.hist_bitmap(seg, "p", _hashed(playbook)))
-        out.append(keys.hist_bitmap(seg, "a", _hashed(alertname or "")))
+def facets(r: Any) -> dict[str, tuple[str, str]]:
+    """Every facet seen: its digest -> (playbook, alert name)."""
+    out = {}
+    for f, text in r.hgetall(keys.HIST_FACETS).items():
+        pb, _, an = str(text).partition("\n")
+        out[str(f)] = (pb, an)
     return out
 
 
 # -- indexing ---------------------------------------------------------------------------------------------
 
 def catch_up(r: Any, wait: float = 1.0) -> int:
-    """Index what the journal holds (records made, statuses and outcomes changed); how many entries it took.
+    """Index what the journals hold (records made, statuses and outcomes changed); how many entries it took.
     One indexer at a time: a caller that finds another one at work waits for it (up to `wait` seconds), so
-    that what was journaled before the call is indexed when it returns. On Redis Cluster it first moves the
-    journals of the targets named in keys.HIST_DIRTY into the global one."""
-    if not cluster.journal_pending(r):
+    that what was journaled before the call is indexed when it returns."""
+    if not (r.llen(keys.HIST_JOURNAL) or r.scard(keys.HIST_DIRTY)):
         return 0
-    # A waiter may stop once the journal shows everything before it indexed (cluster.journal_indexed);
-    # otherwise it waits for the lock.
-    token = _lock(r, wait, until=cluster.journal_indexed)
+    token = _lock(r, wait)
     if token is None:
         return 0
     try:
+        _take_dirty(r)
         return _fold(r, token)
     finally:
         _unlock(r, token)
+
+
+def _take_dirty(r: Any) -> None:
+    """Take the journals (and counts) of the targets named dirty into the shared keys (service/fold.py)."""
+    while True:
+        labels = [str(x) for x in (r.spop(keys.HIST_DIRTY, DIRTY_BATCH) or [])]
+        if not labels:
+            return
+        targets = [t for t in map(keys.parse_label, labels) if t is not None]
+        if len(targets) < len(labels):
+            repairs.note(r, "a name among the targets to fold in was not a target's")
+        target_fold.fold(r, targets)
+        if len(labels) < DIRTY_BATCH:
+            return
 
 
 def _lock(r: Any, wait: float, until: Callable[[Any], bool] | None = None) -> str | None:
@@ -182,8 +196,9 @@ def _unlock(r: Any, token: str) -> None:
 def _fold(r: Any, token: str) -> int:
     """Fold the journal into the indexes, holding the lock."""
     done = 0
+    single = cluster.scripts_reach_all(r)
     while True:
-        n = cluster.fold_batch(r, lambda: _fold_script(r, token), lambda: _drain_batch(r))
+        n = _fold_script(r, token) if single else _fold_entries(r)
         if n <= 0:  # done, or the lock lapsed (a batch stalled past LOCK_MS): the next indexer goes on
             return done
         done += n
@@ -195,148 +210,155 @@ def _fold(r: Any, token: str) -> int:
 def _fold_script(r: Any, token: str) -> int:
     """A single Redis: fold a batch in one script (lua/fold.lua); entries it took, or -1 when the lock was not ours."""
     # Atomic: no round trips per record, and nothing written once the lock is no longer ours.
-    return int(r.register_script(lua("fold"))(
-        keys=[keys.HIST_JOURNAL, keys.HIST_LOCK, keys.HIST_SEQ, keys.HISTORY],
-        args=[token, FOLD_BATCH, SEG, keys.HIST_PREFIX, keys.PREFIX]))
+    return int(run_scripts(r, [(script("fold"), [keys.HIST_JOURNAL, keys.HIST_LOCK, keys.HIST_SEQ, keys.HISTORY,
+                                                 keys.HIST_FACETS],
+                                [token, FOLD_BATCH, SEG, keys.HIST_PREFIX, keys.PREFIX])])[0])
 
 
-def _drain_batch(r: Any) -> int:
-    """Redis Cluster: fold up to DRAIN_BATCH journal entries from here (the records live in other slots)."""
-    rids = r.lrange(keys.HIST_JOURNAL, 0, DRAIN_BATCH - 1)
-    if not rids:
+def _entry(entry: str) -> tuple[str, str, list[str]]:
+    """(what, record id, the rest) of a journal entry (a bare id, as an earlier version wrote, names a record)."""
+    what, bar, rest = entry.partition("|")
+    if not bar or len(what) != 1:
+        return "h", entry, []
+    if what == "n":
+        rid, _, facts = rest.partition("|")
+        return what, rid, facts.split("|", 1)
+    rid, *more = rest.split("|")
+    return what, rid, more
+
+
+def _fold_entries(r: Any) -> int:
+    """Redis Cluster: fold up to DRAIN_BATCH journal entries from here (the records live in other slots), as
+    lua/fold.lua does on a single Redis."""
+    entries = [str(e) for e in r.lrange(keys.HIST_JOURNAL, 0, DRAIN_BATCH - 1)]
+    if not entries:
         return 0
-    uniq = [rid for rid in dict.fromkeys(rids) if keys.RECORD_ID_RE.match(rid)]
+    parsed = [(what, rid, more) for what, rid, more in map(_entry, entries) if keys.RECORD_ID_RE.match(rid)]
+    rids = list(dict.fromkeys(rid for _, rid, _ in parsed))
+    seqs = dict(zip(rids, r.zmscore(keys.HISTORY, rids))) if rids else {}
+    # Records to index: every new one, and those an entry only names that are not listed yet.
+    new = list(dict.fromkeys(rid for what, rid, _ in parsed if what == "n" or (what == "h" and seqs.get(rid) is None)))
     pipe = r.pipeline(transaction=False)
-    for rid in uniq:
-        pipe.hmget(keys.record(rid), "seq", "hx", "status", "outcome")
-        pipe.pttl(keys.record(rid))
-    got = pipe.execute()
-    rows, rttl = got[::2], dict(zip(uniq, (int(t) for t in got[1::2])))
-    new = [rid for rid, row in zip(uniq, rows) if row[2] is not None and row[0] is None]
-    info: dict[str, tuple[str, str]] = {}
-    if new:
-        pipe = r.pipeline(transaction=False)
-        for rid in new:
-            pipe.hmget(keys.record(rid), "playbook", "alert")
-        for rid, (pb, alert) in zip(new, pipe.execute()):
-            alertname = str((json.loads(alert) if alert else {}).get("alertname") or "")
-            info[rid] = (pb or "", alertname)
-        top = int(r.incrby(keys.HIST_SEQ, len(new)))
-        seqs = dict(zip(new, range(top - len(new) + 1, top + 1)))
+    for rid in new:
+        pipe.hmget(keys.record(rid), "status", "outcome", "d", "playbook", "alert")
+    rows = dict(zip(new, pipe.execute())) if new else {}
+    top = int(r.incrby(keys.HIST_SEQ, len(new))) if new else 0
+    next_seq = top - len(new) + 1
+    names = {what_rid[1]: what_rid[2] for what_rid in parsed if what_rid[0] == "n" and len(what_rid[2]) == 2}
     pipe = r.pipeline(transaction=False)
     segments: dict[int, set[str]] = {}
-    targets: dict[str, dict[str, int]] = {}
-    ttls: dict[str, int] = {}
     history: dict[str, int] = {}
-    for rid, (seq, old, status, outcome) in zip(uniq, rows):
-        if status is None:
-            continue  # gone meanwhile: retention clears what it left
-        state = _mutable({"status": status, "outcome": outcome})
-        rkey = keys.record(rid)
-        if seq is None:
-            s = seqs[rid]
-            pb, alertname = info[rid]
-            bits = _bits(s, state, pb, alertname)
-            for k in bits:
-                pipe.setbit(k, s & (SEG - 1), 1)
-            segments.setdefault(s >> SEG_BITS, set()).update(bits)
-            pipe.hset(rkey, mapping={"seq": s, "hx": state})
-        else:
-            s = int(seq)
-        # Listed (again: idempotent, it heals a listing lost to a crash). A record that left the history has
-        # left Redis too (retention deletes it, or it expired), so it is never listed again.
-        history[rid] = s
-        tkey = keys.target_history(keys.target_of_record(rid))
-        targets.setdefault(tkey, {})[rid] = s
-        ttls[tkey] = max(ttls.get(tkey, 0), rttl[rid])
-        if seq is not None:
-            if old == state:
-                continue
-            if old:
-                for k in _bits(s, old, None, None):
-                    pipe.setbit(k, s & (SEG - 1), 0)
-            bits = _bits(s, state, None, None)
-            for k in bits:
-                pipe.setbit(k, s & (SEG - 1), 1)
-            segments.setdefault(s >> SEG_BITS, set()).update(bits)
-            pipe.hset(rkey, "hx", state)
+    targets: dict[str, dict[str, int]] = {}
+    facet_names: dict[str, str] = {}
+
+    def bit(seq: int, field: str, value: str, on: int) -> None:
+        k = keys.hist_bitmap(seq >> SEG_BITS, field, value)
+        pipe.setbit(k, seq & (SEG - 1), on)
+        if on:
+            segments.setdefault(seq >> SEG_BITS, set()).add(k)
+
+    for what, rid, more in parsed:
+        if rid in rows:
+            status, outcome, d, pb, alert = rows.pop(rid)
+            if status is None:
+                continue  # gone meanwhile
+            playbook, alertname = names.get(rid) or _facts(d, pb, alert)
+            seq = next_seq
+            next_seq += 1
+            seqs[rid] = seq
+            bit(seq, "s", status, 1)
+            o = _outcome_of(outcome)
+            if o:
+                bit(seq, "o", o, 1)
+            f = digest(f"{playbook}\n{alertname}")
+            facet_names[f] = f"{playbook}\n{alertname}"
+            bit(seq, "f", f, 1)
+            history[rid] = seq
+            targets.setdefault(keys.target_history(keys.target_of_record(rid)), {})[rid] = seq
+        elif what in ("c", "o") and seqs.get(rid) is not None and len(more) == 2:
+            seq, field = int(seqs[rid] or 0), "s" if what == "c" else "o"
+            old, value = more
+            if old != value and old != "-":
+                bit(seq, field, old, 0)
+            bit(seq, field, value, 1)
     if history:
         pipe.zadd(keys.HISTORY, history)
     for tkey, members in targets.items():
         pipe.zadd(tkey, members)
-    for seg, names in segments.items():
-        pipe.sadd(keys.hist_segment_keys(seg), *names)
-    pipe.ltrim(keys.HIST_JOURNAL, len(rids), -1)
+    for seg, bitmaps in segments.items():
+        pipe.sadd(keys.hist_segment_keys(seg), *bitmaps)
+    if facet_names:
+        pipe.hset(keys.HIST_FACETS, mapping=facet_names)
+    pipe.ltrim(keys.HIST_JOURNAL, len(entries), -1)
     pipe.execute()
-    # A target's list lives as long as its newest record (the sweep removes entries of older ones), never
-    # shortened; PTTL first rather than PEXPIRE's NX and GT, which Redis 6.2 lacks.
-    long = {t: ttl for t, ttl in ttls.items() if ttl > 0}
-    pipe = r.pipeline(transaction=False)
-    for tkey in long:
-        pipe.pttl(tkey)
-    grow = [t for t, cur in zip(long, pipe.execute()) if int(cur) < long[t]]
-    pipe = r.pipeline(transaction=False)
-    for tkey in grow:
-        pipe.pexpire(tkey, long[tkey])
-    pipe.execute()
-    return len(rids)
+    return len(entries)
+
+
+def _outcome_of(text: str | None) -> str | None:
+    try:
+        o = json.loads(text) if text else None
+    except ValueError:
+        return None
+    status = o.get("status") if isinstance(o, dict) else None
+    return status if isinstance(status, str) and status else None
+
+
+def _facts(d: str | None, playbook: str | None, alert: str | None) -> tuple[str, str]:
+    """(playbook, alert name) of a record from its `d` (or an earlier version's fields)."""
+    try:
+        got = json.loads(d) if d else {"p": playbook, "a": json.loads(alert) if alert else {}}
+        a = got.get("a") or {}
+        return str(got.get("p") or ""), str(a.get("alertname") or "") if isinstance(a, dict) else ""
+    except (ValueError, AttributeError):
+        return str(playbook or ""), ""
 
 
 # -- retention ----------------------------------------------------------------------------------------------
 
-def trim(r: Any, keep: int, cap: int = 10_000) -> int:
-    """Delete the oldest records beyond `keep` (up to `cap` a call) and drop them from every index; drop from
-    the indexes the oldest records that expired by age. Returns how many records left the history.
-    It holds the indexer's lock meanwhile (after folding the journal), so no fold lists again a record it
-    deletes; when another indexer keeps the lock for seconds, it leaves retention to the next tick."""
+def trim(r: Any, keep: int, cap: int = 10_000, now: float | None = None, max_age: float = MAX_AGE) -> int:
+    """Delete the oldest records beyond `keep` or older than `max_age` (up to `cap` a call) and drop them from
+    every index. Returns how many records left the history. It holds the indexer's lock meanwhile (after
+    folding the journal), so no fold lists again a record it deletes; when another indexer keeps the lock for
+    seconds, it leaves retention to the next tick."""
     token = _lock(r, 5.0)
     if token is None:
         return 0
     try:
+        _take_dirty(r)
         _fold(r, token)
-        return _trim(r, keep, cap)
+        return _trim(r, keep, cap, time.time() if now is None else now, max_age)
     finally:
         _unlock(r, token)
 
 
-def _trim(r: Any, keep: int, cap: int) -> int:
+def _trim(r: Any, keep: int, cap: int, now: float, max_age: float) -> int:
     excess = max(0, min(int(r.zcard(keys.HISTORY)) - keep, cap))
-    rows = r.zrange(keys.HISTORY, 0, max(excess, SWEEP_PROBE) - 1, withscores=True)
-    if not rows:
-        return 0
-    # The usual idle tick: nothing past the cap and every probed record still there. One EXISTS over them
-    # all (split per slot on a cluster) instead of reading each one.
-    if not excess and r.exists(*[keys.record(rid) for rid, _ in rows]) == len(rows):
+    oldest_us = int((now - max_age) * 1_000_000)
+    first = r.zrange(keys.HISTORY, 0, 0)
+    if not excess and (not first or _made_us(str(first[0])) >= oldest_us):
+        return 0  # the usual tick: nothing past the count, and the oldest record within the age
+    rows = r.zrange(keys.HISTORY, 0, max(excess, 1000) - 1)
+    gone = [str(rid) for i, rid in enumerate(rows) if i < excess or _made_us(str(rid)) < oldest_us]
+    gone = gone[:cap]
+    if not gone:
         return 0
     pipe = r.pipeline(transaction=False)
-    for rid, _ in rows:
-        pipe.hmget(keys.record(rid), "hx", "playbook", "alert")
-    got = pipe.execute()
-    pipe = r.pipeline(transaction=False)
-    seg_keys: dict[int, list[str]] = {}
-    gone = []
-    for i, ((rid, score), (state, pb, alert)) in enumerate(zip(rows, got)):
-        if i >= excess and state is not None:
-            continue  # within retention
-        seq = int(score)
-        if state is not None:
-            alertname = str((json.loads(alert) if alert else {}).get("alertname") or "")
-            bits = _bits(seq, state, pb or "", alertname)
+    for rid in gone:
+        if keys.RECORD_ID_RE.match(rid):
             pipe.delete(keys.record(rid))
-        else:  # expired by age: which bits it had is gone with it, so clear its bit in every bitmap of its segment
-            seg = seq >> SEG_BITS
-            if seg not in seg_keys:
-                seg_keys[seg] = list(r.smembers(keys.hist_segment_keys(seg)))
-            bits = seg_keys[seg]
-        for k in bits:
-            pipe.setbit(k, seq & (SEG - 1), 0)
-        pipe.zrem(keys.target_history(keys.target_of_record(rid)), rid)
-        gone.append(rid)
-    if gone:
-        pipe.zrem(keys.HISTORY, *gone)
+            pipe.zrem(keys.target_history(keys.target_of_record(rid)), rid)
+    pipe.zrem(keys.HISTORY, *gone)
     pipe.execute()
     _drop_segments(r)
     return len(gone)
+
+
+def _made_us(rid: str) -> int:
+    """When a record was made (µs), from its id; 0 for what is not an id (it goes first)."""
+    try:
+        return created_us(rid) if keys.RECORD_ID_RE.match(rid) else 0
+    except KeyError:
+        return 0
 
 
 def _drop_segments(r: Any) -> None:
@@ -364,8 +386,8 @@ def _zset_desc(r: Any, key: str, hi: int | None, batch: int) -> Iterator[tuple[i
         cur = f"({int(rows[-1][1])}"
 
 
-def _bitmap_desc(r: Any, names: list[tuple[str, str]], hi: int | None) -> Iterator[tuple[int, str | None]]:
-    """Sequence numbers whose bits are set in every named bitmap, newest first (their ids looked up later)."""
+def _bitmap_desc(r: Any, groups: list[list[tuple[str, str]]], hi: int | None) -> Iterator[tuple[int, str | None]]:
+    """Sequence numbers whose bit is set in some bitmap of every group, newest first (their ids looked up later)."""
     top = (hi - 1) if hi is not None else int(r.get(keys.HIST_SEQ) or 0)
     if top < 0:
         return
@@ -373,15 +395,21 @@ def _bitmap_desc(r: Any, names: list[tuple[str, str]], hi: int | None) -> Iterat
     low = (int(first[0][1]) >> SEG_BITS) if first else 0
     for seg in range(top >> SEG_BITS, low - 1, -1):
         pipe = r.pipeline(transaction=False)
-        for field, value in names:
-            pipe.execute_command("GET", keys.hist_bitmap(seg, field, value), NEVER_DECODE=True)
-        raws = pipe.execute()
-        if any(not b for b in raws):
+        for group in groups:
+            for field, value in group:
+                pipe.execute_command("GET", keys.hist_bitmap(seg, field, value), NEVER_DECODE=True)
+        raws = iter(pipe.execute())
+        found = [[b for b in (next(raws) for _ in group) if isinstance(b, bytes) and b] for group in groups]
+        if not all(found):
             continue
-        width = min(len(b) for b in raws) * 8
+        size = max(len(b) for group in found for b in group)
+        width = size * 8
         x = -1
-        for b in raws:
-            x &= int.from_bytes(b[:width // 8], "big")
+        for bitmaps in found:
+            any_of = 0
+            for b in bitmaps:  # a bitmap is as long as its highest bit set: offsets line up from the left
+                any_of |= int.from_bytes(b.ljust(size, b"\0"), "big")
+            x &= any_of
         # Offsets below `limit` only (offset o is bit width-1-o of the integer).
         limit = min(width, (top & (SEG - 1)) + 1) if seg == top >> SEG_BITS else width
         x >>= width - limit
@@ -404,11 +432,6 @@ def _targets(label: str) -> list[keys.Target]:
 
 def _cursor_seq(r: Any, before: str) -> int | None:
     s = r.zscore(keys.HISTORY, before)
-    if s is None:
-        try:
-            s = r.hget(keys.record(before), "seq")
-        except ValueError:
-            return None
     return None if s is None else int(s)
 
 
@@ -426,11 +449,11 @@ def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
     if q.target:
         gens = [_zset_desc(r, keys.target_history(t), hi, batch) for t in _targets(q.target)]
         cands = heapq.merge(*gens, key=lambda x: -x[0])
-    elif q.bitmaps():
-        cands = _bitmap_desc(r, q.bitmaps(), hi)
+    elif q.status or q.outcome or q.playbook or q.alertname:
+        cands = _bitmap_desc(r, q.bitmaps(facets(r) if q.playbook or q.alertname else {}), hi)
     else:
         cands = _zset_desc(r, keys.HISTORY, hi, batch)
-    items: list[dict] = []
+    items: list[StoredRecord] = []
     while len(items) < want:
         chunk = list(itertools.islice(cands, max(want - len(items), 16)))
         if not chunk:
@@ -446,9 +469,13 @@ def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
         gone = []
         for (_, rid), h in zip(chunk, pipe.execute()):
             if not h:
-                gone.append(str(rid))  # expired by age: drop it from the listings (the sweep clears its bits)
+                gone.append(str(rid))  # deleted (retention ran meanwhile): drop it from the listings
                 continue
-            rec = StoredRecord.from_hash(str(rid), h).as_dict()
+            try:
+                rec = StoredRecord.from_hash(str(rid), h)
+            except BadRecord as exc:
+                repairs.note(r, f"record {rid} does not read as one ({exc}); the history leaves it out")
+                continue
             if q.accepts(rec):
                 items.append(rec)
                 if len(items) == want:
@@ -459,9 +486,10 @@ def page(r: Any, q: Query) -> tuple[list[dict], str | None]:
             for rid in gone:
                 pipe.zrem(keys.target_history(keys.target_of_record(rid)), rid)
             pipe.execute()
+    shown = [rec.as_dict() for rec in items[:q.limit]]
     if len(items) > q.limit:
-        return items[:q.limit], items[q.limit - 1]["id"]
-    return items, None
+        return shown, items[q.limit - 1].id
+    return shown, None
 
 
 # -- an id from its prefix ------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class Http:
     retries: int = 2
     backoff: float = 0.2
     session: requests.Session = field(default_factory=requests.Session, repr=False)
+    on_401: str | None = None  # what its caller should do when the token is refused (the CLI names a variable)
 
     def url(self, path: str) -> str:
         # An empty path is the base itself (an incoming-webhook URL is posted to as it is).

@@ -12,7 +12,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from ..client.wire import keys
-from ..client.wire.records import Outcome, values
+from ..client.wire.status import Outcome, values
 
 WINDOW = 30 * 86400.0
 # Most members each per-playbook set keeps, whatever their age.

@@ -116,15 +116,17 @@ class Prometheus:
             raise PrometheusError("Prometheus did not answer with data")
         return body.get("data") or {}
 
-    def query_range(self, expr: str, start: float, end: float, step: float) -> tuple[list[Series], int]:
-        """The expression's series from start to end (at most MAX_SERIES of them), and how many there were."""
+    def query_range(self, expr: str, start: float, end: float, step: float,
+                    limit: int | None = MAX_SERIES) -> tuple[list[Series], int]:
+        """The expression's series from start to end (at most `limit` of them; None: all), and how many there
+        were."""
         data = self._data("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                                    "step": f"{max(step, 1.0):.3f}"})
         result = data.get("result") if isinstance(data, dict) else None
         if data.get("resultType") != "matrix" or not isinstance(result, list):
             raise PrometheusError("the expression does not give a range of numbers")
         out = []
-        for item in result[:MAX_SERIES]:
+        for item in result[:limit]:
             labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
             points = []
             for t, v in item.get("values") or ():
@@ -134,9 +136,10 @@ class Prometheus:
             out.append(Series(labels, tuple(points)))
         return out, len(result)
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """An instant query's result (a list of samples; empty when the expression matches nothing)."""
-        data = self._data("/api/v1/query", {"query": expr})
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query's result (a list of samples; empty when the expression matches nothing), now or
+        at a time in the past."""
+        data = self._data("/api/v1/query", {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})})
         result = data.get("result") if isinstance(data, dict) else None
         if data.get("resultType") == "scalar" and isinstance(result, list):
             return [{"value": result}]

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from ..client.settings import Settings, SettingsError, comma_separated, secret
-from ..client.wire.durations import HINT, parse_duration
+from ..client.settings import Settings, SettingsError, comma_separated, duration, secret
 
 DEFAULT_URL = "http://127.0.0.1:9095"
 DEFAULT_HISTORY_MAX = 1_000_000
@@ -21,6 +20,10 @@ DEFAULT_RESYNC_AFTER = 300.0
 FSYNC_MODES = ("everysec", "always")
 # How long a client may take to send one request's headers and body before its connection is closed.
 DEFAULT_REQUEST_DEADLINE = 5.0
+# How many MiB of requests not yet answered a gunicorn worker holds (TRAINMEDIC_WORKER_BUFFER), and the least it
+# may be: one request whose body is 1 MiB, with its headers, must always fit.
+DEFAULT_WORKER_BUFFER_MIB = 32
+LEAST_WORKER_BUFFER_MIB = 2
 
 
 def _urls(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -69,19 +72,6 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _duration(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return default
-    try:
-        value = parse_duration(float(raw) if raw.replace(".", "", 1).isdigit() else raw)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise SettingsError(f"{name} must be a positive duration ({HINT}) or a number of seconds, not {raw!r}")
-    return value
-
-
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -89,6 +79,16 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.strip().isascii() or not raw.strip().isdigit() or int(raw) < 1:
         raise SettingsError(f"{name} must be a whole number of at least 1, not {raw!r}")
     return int(raw)
+
+
+def _mebibytes(env: Mapping[str, str], name: str, default: int, least: int) -> int:
+    """NAME as a whole number of MiB (at least `least`), in bytes."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default * 1024 * 1024
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 9 or int(raw) < least:
+        raise SettingsError(f"{name} must be a whole number of MiB of at least {least}, not {raw!r}")
+    return int(raw) * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,8 @@ class ServiceSettings(Settings):
     workers: int = 2
     threads: int = 4
     request_deadline: float = DEFAULT_REQUEST_DEADLINE
+    # Bytes of requests not yet answered that one gunicorn worker holds before it refuses more with 503.
+    worker_buffer: int = DEFAULT_WORKER_BUFFER_MIB * 1024 * 1024
     data_dir: str | None = None
 
     @classmethod
@@ -142,13 +144,15 @@ class ServiceSettings(Settings):
             "prometheus_url": _url(env, "TRAINMEDIC_PROMETHEUS_URL"),
             "notify_url": _url(env, "TRAINMEDIC_NOTIFY_URL"),
             "history_max": _positive_int(env, "TRAINMEDIC_HISTORY_MAX", DEFAULT_HISTORY_MAX),
-            "hang_after": _duration(env, "TRAINMEDIC_HANG_AFTER", DEFAULT_HANG_AFTER),
+            "hang_after": duration(env, "TRAINMEDIC_HANG_AFTER", DEFAULT_HANG_AFTER),
             "redis_fsync": _choice(env, "TRAINMEDIC_REDIS_FSYNC", FSYNC_MODES),
-            "resync_after": _duration(env, "TRAINMEDIC_RESYNC_AFTER", DEFAULT_RESYNC_AFTER),
+            "resync_after": duration(env, "TRAINMEDIC_RESYNC_AFTER", DEFAULT_RESYNC_AFTER),
             "url": (env.get("TRAINMEDIC_URL") or DEFAULT_URL).rstrip("/"),
             "bind": env.get("TRAINMEDIC_BIND") or "127.0.0.1:9095",
             "workers": _positive_int(env, "TRAINMEDIC_WORKERS", 2),
             "threads": _positive_int(env, "TRAINMEDIC_THREADS", 4),
             "request_deadline": _deadline(env, "TRAINMEDIC_REQUEST_DEADLINE", DEFAULT_REQUEST_DEADLINE),
+            "worker_buffer": _mebibytes(env, "TRAINMEDIC_WORKER_BUFFER", DEFAULT_WORKER_BUFFER_MIB,
+                                        LEAST_WORKER_BUFFER_MIB),
             "data_dir": env.get("TRAINMEDIC_DATA_DIR") or None,
         }

@@ -1,9 +1,9 @@
 """Jobs' training signals as their heartbeats left them in Redis: for GET /metrics and the hang checks.
 
 Each job's client writes one short line (client/wire/protocol.signals_line) beside its heartbeat, with a TTL
-of two minutes, and puts the job in keys.SIGNALS_JOBS until then. Its numbers are already written as the text
-format writes them, so a scrape reads only the jobs in that index (never the targets that report nothing), their
-lines in one MGET, checks the whole batch at once and joins the lines it needs: no per-job Python on the way.
+of two minutes. Its numbers are already written as the text format writes them, so a scrape reads only the live
+jobs (keys.live: the service's own count of heartbeats), their lines in one MGET, checks the whole batch at once
+and joins the lines it needs: no per-job Python on the way.
 """
 from __future__ import annotations
 
@@ -72,17 +72,13 @@ def _escape(value: str) -> str:
 
 
 def reporting(r: Any, now: float) -> list[str]:
-    """Labels of the jobs whose signals line may still exist (keys.SIGNALS_JOBS), pruning those past it."""
-    ms = int(now * 1000)
-    pipe = r.pipeline(transaction=False)
-    pipe.zremrangebyscore(keys.SIGNALS_JOBS, "-inf", f"({ms}")
-    pipe.zrangebyscore(keys.SIGNALS_JOBS, ms, "+inf")
-    return list(pipe.execute()[1])
+    """Labels of the live jobs, whose signals line may exist."""
+    return [str(x) for x in r.zrangebyscore(keys.live("job"), int(now * 1000), "+inf")]
 
 
 def metrics_text(r: Any, now: float | None = None) -> bytes:
-    """The training gauges in Prometheus's text format: one series per job and metric, for every job whose
-    heartbeat wrote signals within the last two minutes (a job's series go two minutes after its heartbeats stop)."""
+    """The training gauges in Prometheus's text format: one series per job and metric, for every live job whose
+    heartbeat wrote signals (a job's series go when it is no longer live)."""
     now = time.time() if now is None else now
     labels = reporting(r, now)
     lines = mget(r, list(map(_SIGNALS_KEY.__mod__, labels)))

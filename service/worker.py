@@ -3,10 +3,13 @@
 gunicorn's own ThreadWorker hands a connection to a thread as soon as it is readable, and the thread then
 blocks reading the headers and the body: a client that sends a few bytes and stops holds that thread, and a
 handful of them leave nothing to answer /healthz. Here the worker's main loop reads every request itself, without
-blocking, beside all the others: the headers, then the body (by Content-Length, or chunk by chunk), at most
-1 MiB of it. Only a whole request goes to the thread pool, where gunicorn's parser reads it from memory. A
-request that has not all arrived within TRAINMEDIC_REQUEST_DEADLINE seconds gets 408 and its connection is
-closed; a body over 1 MiB gets 413 as soon as that is known.
+blocking, beside all the others: the headers, then the body (by Content-Length, or chunk by chunk, see
+framing.py), at most 1 MiB of it. Only a whole request goes to the thread pool, where gunicorn's parser reads it
+from memory. A request that has not all arrived within TRAINMEDIC_REQUEST_DEADLINE seconds gets 408 and its
+connection is closed; a body over 1 MiB gets 413 as soon as that is known. The worker holds at most
+TRAINMEDIC_WORKER_BUFFER of requests not yet answered, each counted from its headers on at the length they
+announce: a new request that does not fit gets 503 (Alertmanager retries), while those taken in are read to
+their end, and a request that arrives whole is served.
 """
 from __future__ import annotations
 
@@ -22,151 +25,28 @@ from gunicorn import http  # type: ignore[import-untyped]  # gunicorn ships no t
 from gunicorn.workers.gthread import TConn, ThreadWorker  # type: ignore[import-untyped]
 
 from .errors import MAX_BODY
+from .framing import BAD, HEAD_TOO_LARGE, MAX_HEAD, TOO_LARGE, WAIT, Framing
 from .settings import ServiceSettings
 
-WAIT, READY, BAD, TOO_LARGE, HEAD_TOO_LARGE = range(5)
-# gunicorn's own limits are per line (8190 bytes) and per count (100 fields); a whole header block or
-# trailer section past this is refused before its end is looked for any further.
-MAX_HEAD = 64 * 1024
-MAX_CHUNK_LINE = 8190
-# Chunk-size lines count towards what is read but not towards the body: a body cut into tiny chunks may take
-# this much on the wire before it is refused as too large.
-MAX_CHUNKED_WIRE = 2 * MAX_BODY
 RECV_SIZE = 64 * 1024
 # How long a connection that is being closed still takes (and discards) what the client sends, so that the
 # client reads the answer before its socket is reset.
 LINGER = 2.0
-_HEX = frozenset(b"0123456789abcdefABCDEF")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-def _answer(status: str, message: str) -> bytes:
+def _answer(status: str, message: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 response that closes the connection, with the service's JSON error body."""
     body = json.dumps({"error": message}).encode() + b"\n"
     return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n").encode() + body
+            f"{extra}Connection: close\r\n\r\n").encode() + body
 
 
 TOO_LARGE_ANSWER = _answer("413 Content Too Large", f"the body is larger than {MAX_BODY // 1024} KiB")
 HEAD_TOO_LARGE_ANSWER = _answer("431 Request Header Fields Too Large",
                                 f"the request's headers are larger than {MAX_HEAD // 1024} KiB")
-
-
-class Framing:
-    """Where one HTTP/1.1 request ends in the bytes received so far; each call reads only what is new."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """Ready for the next request on the connection."""
-        self.searched = 0  # how far the end of the headers has been looked for
-        self.head_end = -1
-        self.chunked = False
-        self.end = 0  # with a Content-Length: where the request ends
-        self.pos = 0  # chunked: the first byte not yet read
-        self.left = 0  # chunked: bytes of the current chunk (and its CRLF) still to come
-        self.in_trailers = False
-        self.body = 0
-        self.expect_continue = False
-        self.continue_sent = False
-
-    def feed(self, buf: bytearray) -> tuple[int, int]:
-        """(WAIT, 0), (READY, end of the request), (BAD, 0), (TOO_LARGE, 0) or (HEAD_TOO_LARGE, 0)."""
-        if self.head_end < 0:
-            status = self._head(buf)
-            if status != READY:
-                return status, 0
-        if not self.chunked:
-            return (READY, self.end) if len(buf) >= self.end else (WAIT, 0)
-        status, end = self._chunks(buf)
-        if status == WAIT and len(buf) - self.head_end > MAX_CHUNKED_WIRE:
-            return TOO_LARGE, 0
-        return status, end
-
-    def _head(self, buf: bytearray) -> int:
-        if not self.searched:
-            # RFC 9112 section 2.2: empty lines before a request line are ignored (some clients send one after
-            # a body).
-            while buf[:2] == b"\r\n":
-                del buf[:2]
-        idx = buf.find(b"\r\n\r\n", max(0, self.searched - 3))
-        if idx < 0:
-            self.searched = len(buf)
-            return HEAD_TOO_LARGE if len(buf) > MAX_HEAD else WAIT
-        if idx > MAX_HEAD:
-            return HEAD_TOO_LARGE
-        self.head_end = idx + 4
-        lines = bytes(buf[:idx]).split(b"\r\n")
-        http11 = lines[0].endswith(b" HTTP/1.1")
-        lengths: list[bytes] = []
-        codings: list[bytes] = []
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.lower()
-            if name == b"content-length":
-                lengths.append(value.strip(b" \t"))
-            elif name == b"transfer-encoding":
-                codings.extend(v.strip(b" \t").lower() for v in value.split(b","))
-            elif name == b"expect":
-                self.expect_continue = http11 and value.strip(b" \t").lower() == b"100-continue"
-        # Whatever framing gunicorn's parser would refuse goes to it as it is, so that it answers 400 (and the
-        # connection closes): the two must never disagree on where a request ends.
-        if codings:
-            if codings[-1] != b"chunked" or lengths or not http11:
-                return BAD
-            self.chunked = True
-            self.pos = self.head_end
-            return READY
-        if not lengths:
-            self.end = self.head_end
-            return READY
-        if len(lengths) > 1 or not lengths[0].isdigit():
-            return BAD
-        # int() of thousands of digits is slow (and refused past 4300): this many is past the limit anyway.
-        if len(lengths[0].lstrip(b"0")) > 12 or int(lengths[0]) > MAX_BODY:
-            return TOO_LARGE
-        length = int(lengths[0])
-        self.end = self.head_end + length
-        return READY
-
-    def _chunks(self, buf: bytearray) -> tuple[int, int]:
-        while True:
-            if self.in_trailers:
-                if len(buf) - self.pos < 2:
-                    return WAIT, 0
-                if buf[self.pos:self.pos + 2] == b"\r\n":
-                    return READY, self.pos + 2
-                idx = buf.find(b"\r\n\r\n", self.pos)
-                if idx >= 0:
-                    return READY, idx + 4
-                return (BAD, 0) if len(buf) - self.pos > MAX_HEAD else (WAIT, 0)
-            if self.left:
-                have = len(buf) - self.pos
-                if have < self.left:
-                    self.pos, self.left = len(buf), self.left - have
-                    return WAIT, 0
-                self.pos, self.left = self.pos + self.left, 0
-                if buf[self.pos - 2:self.pos] != b"\r\n":
-                    return BAD, 0
-                continue
-            idx = buf.find(b"\r\n", self.pos)
-            if idx < 0:
-                return (BAD, 0) if len(buf) - self.pos > MAX_CHUNK_LINE else (WAIT, 0)
-            text = bytes(buf[self.pos:idx]).split(b";", 1)[0].rstrip(b" \t")
-            if not text or not _HEX.issuperset(text):
-                return BAD, 0
-            if len(text.lstrip(b"0")) > 12:
-                return TOO_LARGE, 0
-            size = int(text, 16)
-            self.pos = idx + 2
-            if size == 0:
-                self.in_trailers = True
-                continue
-            self.body += size
-            if self.body > MAX_BODY:
-                return TOO_LARGE, 0
-            self.left = size + 2
+BUSY_ANSWER = _answer("503 Service Unavailable", "the service is reading too many requests at once; try again",
+                      "Retry-After: 1\r\n")
 
 
 class Conn(TConn):
@@ -178,6 +58,10 @@ class Conn(TConn):
         self.framing = Framing()
         self.request = b""
         self.must_close = False
+        # Bytes of its requests the worker holds for it (counted in the worker's own total), and whether the
+        # request arriving was taken in: it then has room for all of its body.
+        self.held = 0
+        self.admitted = False
 
 
 class WholeRequestWorker(ThreadWorker):
@@ -185,7 +69,12 @@ class WholeRequestWorker(ThreadWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.deadline = ServiceSettings.from_env().request_deadline
+        settings = ServiceSettings.from_env()
+        self.deadline = settings.request_deadline
+        # Bytes of requests not yet answered (arriving, or whole and with a thread): past the bound, a new request
+        # still arriving is refused with 503, while those taken in and whole ones are served.
+        self.buffer_bound = settings.worker_buffer
+        self.held = 0
         # Connections by the time they must be closed; both dicts hold them in that order, as every entry in
         # one dict gets the same delay from the time it was added.
         self.reading: dict[Conn, None] = {}
@@ -234,11 +123,20 @@ class WholeRequestWorker(ThreadWorker):
         self._advance(conn)
 
     def _advance(self, conn: Conn) -> None:
-        status, end = conn.framing.feed(conn.buf)
+        status = conn.framing.feed(conn.buf)
         if status == WAIT:
-            if conn.framing.expect_continue and not conn.framing.continue_sent and conn.framing.head_end > 0:
-                conn.framing.continue_sent = True
-                self._send(conn, _CONTINUE)
+            framing = conn.framing
+            self._hold(conn, max(len(conn.buf) + framing.held, framing.reserve))
+            if conn.admitted:
+                return
+            if self.held > self.buffer_bound:
+                self.poller.unregister(conn.sock)
+                self.reading.pop(conn, None)
+                self._refuse(conn, BUSY_ANSWER)
+            elif framing.head_end > 0:  # its headers are here, and there is room for the body they announce
+                conn.admitted = True
+                if framing.expect_continue:
+                    self._send(conn, _CONTINUE)
             return
         self.poller.unregister(conn.sock)
         self.reading.pop(conn, None)
@@ -247,12 +145,17 @@ class WholeRequestWorker(ThreadWorker):
         elif status == HEAD_TOO_LARGE:
             self._refuse(conn, HEAD_TOO_LARGE_ANSWER)
         else:
-            end = end if status == READY else len(conn.buf)
-            conn.request = bytes(conn.buf[:end])
-            del conn.buf[:end]
+            conn.request = conn.framing.take(conn.buf, status)
             conn.must_close = status == BAD
             conn.framing.reset()
+            conn.admitted = False
+            self._hold(conn, len(conn.request) + len(conn.buf))
             self.enqueue_req(conn)
+
+    def _hold(self, conn: Conn, size: int) -> None:
+        """conn now holds size bytes of requests not yet answered."""
+        self.held += size - conn.held
+        conn.held = size
 
     def _send(self, conn: Conn, data: bytes) -> None:
         # A few hundred bytes into an empty send buffer; a client whose buffer is full gets less (or nothing).
@@ -267,6 +170,7 @@ class WholeRequestWorker(ThreadWorker):
 
     def _linger(self, conn: Conn) -> None:
         """Half-close, then discard what the client still sends until it closes too (or LINGER passes)."""
+        self._forget(conn)
         try:
             conn.sock.setblocking(False)
             conn.sock.shutdown(socket.SHUT_WR)
@@ -289,7 +193,16 @@ class WholeRequestWorker(ThreadWorker):
         self.lingering.pop(conn, None)
         self._close(conn)
 
+    def _forget(self, conn: Conn) -> None:
+        """Drop what conn sent that is still held: it will not be served."""
+        conn.buf = bytearray()
+        conn.request = b""
+        conn.framing.reset()
+        conn.admitted = False
+        self._hold(conn, 0)
+
     def _close(self, conn: Conn) -> None:
+        self._forget(conn)
         self.nr_conns -= 1
         conn.close()
 
@@ -329,6 +242,8 @@ class WholeRequestWorker(ThreadWorker):
                 conn.sock.setblocking(False)
         except Exception:
             keep = False
+        conn.request = b""
+        self._hold(conn, len(conn.buf))
         if not keep:
             self._linger(conn)
             return

@@ -71,14 +71,23 @@ def r(keyspace: str, redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def make_app(r: redis.Redis, redis_url: str) -> Any:
-    """Factory: an app on the test Redis with the shipped playbooks unless told otherwise."""
+def make_app(r: redis.Redis, redis_url: str) -> Iterator[Any]:
+    """Factory: an app on the test Redis with the shipped playbooks unless told otherwise. Its listener runs, as
+    in every gunicorn worker (it hears what trainers and agents say: their heartbeats, acks and detections);
+    its reconciler ticks only when a test calls tick()."""
+    made: list[Any] = []
+
     def make(**overrides: Any) -> Any:
         config = {"TESTING": True, "redis_url": redis_url, "webhook_token": TOKEN, "operator_token": OPERATOR,
                   "signing_key": SIGNING_KEY, "playbooks": str(ROOT / "playbooks")}
         config.update(overrides)
-        return create_app(config)
-    return make
+        app = create_app(config)
+        app.extensions["trainmedic"].reconciler.listener.start()
+        made.append(app)
+        return app
+    yield make
+    for app in made:
+        app.extensions["trainmedic"].reconciler.listener.stop()
 
 
 @pytest.fixture

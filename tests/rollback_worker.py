@@ -6,9 +6,16 @@ the LR and the scheduler's position; at config["spike_at"] the weights are spoil
 noise; Lightning: a poisoned batch); at each gate step rank 0 writes gate-STEP.json for the test and then holds
 ("hold": until the command the test sends is in its inbox, so it is applied at the next step) or slows down
 ("slow": until the test writes go-STEP). Writes what this rank saw as JSON to config["out"].
+
+Optional: config["save_every"] 0 saves nothing; config["resume_from"] starts from that checkpoint (and records
+the probe loss at the resumed step first); config["hold_in_save"] is a step whose save rank 0 pauses in the
+middle of, after writing saving-STEP.json, for the test to kill it (HF: after the weights, optimizer and
+scheduler, before the RNG states and trainer_state.json; Lightning: half-way through the .ckpt, written in place
+by a CheckpointIO of the test's, as some custom ones do: Lightning's own writes a temporary file and renames it).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -58,11 +65,17 @@ class Recorder:
             else:
                 time.sleep(0.1)
         if gate == "hold":
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 if any(hasattr(x, "command") for x in self.medic.client._ready or ()):
                     return  # received: the next step's poll applies it, on every rank
                 time.sleep(0.01)
+
+    def paused_in_save(self, step: int) -> None:
+        """Inside a save at the step the test kills this process in: say so, then wait for the kill."""
+        if step == self.cfg.get("hold_in_save") and self.rank == 0:
+            (self.dir / f"saving-{step}.json").write_text(json.dumps({"step": step}))
+            time.sleep(600)
 
     def spiked(self) -> None:
         self.t_spike = time.time()
@@ -86,7 +99,20 @@ def hf(cfg: dict) -> None:
     medic = TrainMedicCallback(job=cfg["job"], redis_url=cfg["redis_url"], heartbeat_interval=0.2, max_backoff=0.3)
     rec = Recorder(cfg, medic)
 
+    def probe_loss(model: Any) -> float:
+        model.eval()
+        with torch.no_grad():
+            loss = float(model(input_ids=probe, labels=probe).loss)
+        model.train()
+        return loss
+
     class Watch(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, lr_scheduler: Any = None,
+                           optimizer: Any = None, **kw: Any) -> None:
+            if cfg.get("resume_from"):  # what the resumed checkpoint holds, before any step
+                rec.step(state.global_step, probe_loss(model), optimizer.param_groups[0]["lr"],
+                         lr_scheduler.last_epoch)
+
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, lr_scheduler: Any = None,
                         optimizer: Any = None, **kw: Any) -> None:
             if state.global_step == cfg["spike_at"]:
@@ -95,20 +121,22 @@ def hf(cfg: dict) -> None:
                     for p in model.parameters():
                         p.add_(torch.randn(p.shape, generator=noise) * 0.5)
                 rec.spiked()
-            model.eval()
-            with torch.no_grad():
-                loss = float(model(input_ids=probe, labels=probe).loss)
-            model.train()
-            rec.step(state.global_step, loss, optimizer.param_groups[0]["lr"], lr_scheduler.last_epoch)
+            rec.step(state.global_step, probe_loss(model), optimizer.param_groups[0]["lr"], lr_scheduler.last_epoch)
 
+    class Pausing(Trainer):
+        def _save_rng_state(self, output_dir: str) -> None:
+            rec.paused_in_save(self.state.global_step)
+            super()._save_rng_state(output_dir)
+
+    saves = cfg["save_every"]
     args = TrainingArguments(output_dir=cfg["dir"] + "/hf", max_steps=cfg["steps"], per_device_train_batch_size=4,
                              learning_rate=LR["hf"], lr_scheduler_type="linear", warmup_steps=0,
-                             save_strategy="steps", save_steps=cfg["save_every"], report_to=[],
+                             save_strategy="steps" if saves else "no", save_steps=saves or 500, report_to=[],
                              logging_strategy="no", disable_tqdm=True, use_cpu=True,
                              ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
                              dataloader_num_workers=0, seed=0)
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[medic, Watch()])
-    trainer.train()
+    trainer = Pausing(model=model, args=args, train_dataset=data, callbacks=[medic, Watch()])
+    trainer.train(resume_from_checkpoint=cfg.get("resume_from"))
     import torch.distributed as dist
     rec.dump(trainer.state.global_step, dist.get_world_size() if dist.is_initialized() else 1)
 
@@ -116,6 +144,7 @@ def hf(cfg: dict) -> None:
 def lightning(cfg: dict) -> None:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
 
     from trainmedic.client.integrations.lightning import TrainMedicCallback
 
@@ -148,6 +177,10 @@ def lightning(cfg: dict) -> None:
     rec = Recorder(cfg, medic)
 
     class Watch(pl.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            if cfg.get("resume_from"):  # what the resumed checkpoint holds, before any step
+                self.on_train_batch_end(trainer, pl_module, None, None, -1)
+
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
             if trainer.global_step == cfg["spike_at"]:
                 rec.spiked()
@@ -156,14 +189,30 @@ def lightning(cfg: dict) -> None:
             rec.step(trainer.global_step, loss, trainer.optimizers[0].param_groups[0]["lr"],
                      trainer.lr_scheduler_configs[0].scheduler.last_epoch)
 
+    class InPlaceIO(TorchCheckpointIO):
+        """Writes each checkpoint straight to its path, pausing half-way at the step the test kills it in."""
+
+        def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Any = None) -> None:
+            buf = io.BytesIO()
+            torch.save(checkpoint, buf)
+            data = buf.getvalue()
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data[:len(data) // 2])
+                f.flush()
+                rec.paused_in_save(int(checkpoint["global_step"]))
+                f.write(data[len(data) // 2:])
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     checkpoints = ModelCheckpoint(dirpath=cfg["dir"] + "/pl", filename="{step}",
-                                  every_n_train_steps=cfg["save_every"], save_top_k=-1)
+                                  every_n_train_steps=cfg["save_every"] or 10**9, save_top_k=-1)
     trainer = pl.Trainer(accelerator="cpu", devices=world, num_nodes=1, strategy="ddp" if world > 1 else "auto",
                          max_steps=cfg["steps"], max_epochs=-1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=cfg["dir"],
-                         callbacks=[medic, Watch(), checkpoints])
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8))
+                         callbacks=[medic, Watch(), checkpoints],
+                         plugins=[InPlaceIO()] if cfg.get("hold_in_save") else None)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8),
+                ckpt_path=cfg.get("resume_from"))
     rec.dump(trainer.global_step, trainer.world_size)
 
 

@@ -32,10 +32,9 @@ def test_it_heartbeats_so_get_targets_lists_it(agents, nvml_lib, nvml_state, htt
     (tmp_path / "ckpts").mkdir()
     agent = agents(NODE, lib_dir=nvml_lib, state=nvml_state, allow_roots=[tmp_path / "ckpts"])
     agent.wait_ready(r)
-    targets = http.get("/targets").get_json()["targets"]
-    mine = [t for t in targets if (t["kind"], t["name"]) == ("node", NODE)]
-    assert len(mine) == 1, targets
-    t = mine[0]
+    # Listed once the service has heard the agent announce itself (on the node's own channel).
+    t = jobs.wait_until(lambda: next((t for t in http.get("/targets").get_json()["targets"]
+                                 if (t["kind"], t["name"]) == ("node", NODE)), None), what="the agent listed")
     assert t["pid"] == agent.proc.pid and t["host"] and t["age_seconds"] < 30
     assert [g["uuid"] for g in t["gpus"]] == ["GPU-0a1b2c3d-0000-1111-2222-333344445555",
                                              "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"]

@@ -7,6 +7,7 @@ import time
 from trainmedic.client.wire import keys
 from trainmedic.client.receiver.mailbox import Mailbox
 
+from tests.support.jobs import wait_until
 from tests.conftest import ROOT, post_json
 
 
@@ -54,7 +55,7 @@ def test_probes(http, r) -> None:
 
 
 def test_live_targets_are_listed_from_heartbeats(http, r) -> None:
-    Mailbox(r, keys.Target("job", "llama-ft-01")).heartbeat({"kind": "job", "pid": 42, "step": 7})
+    Mailbox(r, keys.Target("job", "llama-ft-01")).heartbeat({"kind": "job", "pid": 42, "step": 7}, announce=True)
     r.zadd(keys.TARGETS, {"job:gone": time.time() - 3600})
-    [t] = http.get("/targets").json["targets"]
+    [t] = wait_until(lambda: http.get("/targets").json["targets"], what="the job on /targets")
     assert t["name"] == "llama-ft-01" and t["pid"] == 42 and t["step"] == 7 and t["age_seconds"] < 5

@@ -150,9 +150,26 @@ def test_problems_of_several_files_are_all_reported_with_duplicates_across_files
                    f"{tmp_path / 'b.yml'}:6: duplicate playbook name 'p' (first at {tmp_path / 'a.yaml'}:2)"]
 
 
-def test_a_path_that_does_not_exist_fails(tmp_path: Path, capsys) -> None:
+def test_a_path_that_does_not_exist_fails_without_a_line_number(tmp_path: Path, capsys) -> None:
     assert main(["check", str(tmp_path / "nope.yaml")]) == 1
-    assert capsys.readouterr().out.strip() == f"{tmp_path / 'nope.yaml'}:0: no such file or folder"
+    assert capsys.readouterr().out.strip() == f"{tmp_path / 'nope.yaml'}: no such file or folder"
+    (tmp_path / "empty").mkdir()
+    assert main(["check", str(tmp_path / "empty")]) == 1
+    assert capsys.readouterr().out.strip() == f"{tmp_path / 'empty'}: no playbook files (*.yaml) found"
+
+
+def test_a_misspelt_field_beside_an_action_gets_the_near_one_and_the_action_is_still_checked(
+        tmp_path: Path, capsys) -> None:
+    path = tmp_path / "pb.yaml"
+    path.write_text(pb("    actions:\n      - rollback_checkpoint: {}\n        optinal: true\n"
+                       "      - scale_lr: {factor: 99}\n        whne: 'up == 1'\n"))
+    assert main(["check", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}:7: unknown field 'optinal' in an item of actions: did you mean optional? (an item is one action, "
+        "with optional: or when: beside it)",
+        f"{path}:8: scale_lr: factor must be <= 10, not 99",
+        f"{path}:9: unknown field 'whne' in an item of actions: did you mean when? (an item is one action, "
+        "with optional: or when: beside it)"]
 
 
 def test_every_shipped_playbook_passes(capsys) -> None:

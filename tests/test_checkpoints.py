@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.service.decide import checkpoints
 
 from tests.conftest import OP_AUTH, load_fixture, post_json, write_playbooks
@@ -75,9 +76,10 @@ def on_node(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> Any:
 
 
 def ready(r: redis.Redis, loop: Loop) -> bool:
-    """The job heartbeats, and its heartbeat lists its save_checkpoint handler."""
+    """The job heartbeats, its heartbeat lists its save_checkpoint handler, and the service counts it live."""
     raw = r.get(keys.heartbeat(loop.rc.target))
-    return bool(raw) and "save_checkpoint" in json.loads(raw).get("actions", [])
+    return (bool(raw) and "save_checkpoint" in json.loads(raw).get("actions", [])
+            and float(r.zscore(keys.live("job"), loop.rc.target.label) or 0) > time.time() * 1000)
 
 
 def live(r: redis.Redis, *loops: Loop) -> None:
@@ -127,9 +129,9 @@ def test_after_approval_each_job_on_the_node_saves_then_the_drain_is_sent(
         assert child["requested_by"] == node_rec["requested_by"]
         assert [x["action"] for x in child["actions"]] == ["save_checkpoint"]
     # The drain went out after the checkpoints: it waits in the node's mailbox for its agent.
-    assert rec["actions"][1]["status"] == "pending" and r.hget(keys.record(held["id"]), "cmd")
+    assert rec["actions"][1]["status"] == "pending" and r.hget(keys.record(held["id"]), "sig")
     [entry] = r.xrange(keys.mailbox(keys.Target("node", NODE)))
-    assert [c["action"] for c in json.loads(entry_command(r, entry[1])[0])["actions"]] == ["drain_node"]
+    assert [c.action for c in entry_command(r, keys.Target("node", NODE), entry[1])[0].actions] == ["drain_node"]
 
 
 def test_a_job_that_does_not_answer_holds_the_drain_only_until_the_timeout(
@@ -156,7 +158,7 @@ def test_a_job_that_does_not_answer_holds_the_drain_only_until_the_timeout(
     assert result["waited"] == "timeout" and "timeout passed" in result["message"]
     assert {j["job"]: j["status"] for j in result["jobs"]} == {"job-quick": "applied", "job-stuck": "dispatched"}
     assert rec["actions"][0]["status"] == "applied"
-    assert r.hget(keys.record(held["id"]), "cmd"), "the drain went ahead"
+    assert r.hget(keys.record(held["id"]), "sig"), "the drain went ahead"
 
 
 def test_no_job_on_the_node_skips_the_step_and_a_restarted_reconciler_keeps_one_plan(

@@ -60,7 +60,7 @@ OP = {"TRAINMEDIC_OPERATOR_TOKEN": OPERATOR}
     (["set_lr", "lr=nan"], "'nan' is not a finite number"),
     (["set_lr", "lr=1e999"], "'1e999' is not a finite number"),
     (["scale_lr", "factor=[1, 2]"], "factor must be a number"),
-    (["power_limit", "watts=200"], "power_limit runs on a node agent, not in a training job"),
+    (["power_limit", "watts=200"], "power_limit runs on a node agent, not in a training job (known for a job: "),
     (["scale_lr", "0.5"], "parameter '0.5' must be KEY=VALUE"),
 ])
 def test_send_validates_the_action_and_its_params_like_check_before_anything_goes_out(argv: list, words: str) -> None:
@@ -68,6 +68,20 @@ def test_send_validates_the_action_and_its_params_like_check_before_anything_goe
     msg = one_line_error(run("send", "--job", "j", "--url", f"http://127.0.0.1:{free_port()}", *argv, env=OP), 2)
     assert words in msg
     assert "--job" in one_line_error(run("send", "--job", "../x", "scale_lr", "factor=0.5", env=OP), 2)
+
+
+def test_send_names_only_the_actions_a_job_can_be_sent() -> None:
+    from trainmedic.client.wire.actions import CATALOGUE
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused before any request
+    job_actions = sorted(name for name, spec in CATALOGUE.items() if spec.kind == "job")
+    for argv in (["explode"], ["drain_node"]):
+        msg = one_line_error(run("send", "--job", "j", "--url", url, *argv, env=OP), 2)
+        listed = msg.split("known for a job: ")[1].rstrip(")").split(", ")
+        assert listed == job_actions, msg
+        assert not {"drain_node", "power_limit", "disk_cleanup", "checkpoint_jobs"} & set(listed)
+    # The near name is looked for among a job's actions too: a node's resume_node is no suggestion for a job.
+    assert "did you mean" not in one_line_error(run("send", "--job", "j", "--url", url, "resume_nod", env=OP), 2)
 
 
 def test_send_raises_a_learning_rate_only_with_yes() -> None:
@@ -93,17 +107,27 @@ def test_send_goes_through_the_service_and_waits_for_the_ack(gunicorn: Any, redi
     server = gunicorn(workers=1)
     opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.2)
     with RemediationClient(job="cli-job", redis_url=redis_url, optimizer=opt, heartbeat_interval=0.2) as rc:
-        proc = subprocess.Popen([*CLI, "send", "--job", "cli-job", "--url", server.url, "--wait", "20", "set_lr",
-                                 "lr=0.05"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**CLEAN_ENV, **OP})
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            rc.poll()
-            time.sleep(0.01)
-        out = proc.communicate(timeout=5)[0]
-    assert proc.returncode == 0, out
-    assert opt.param_groups[0]["lr"] == 0.05
-    record = json.loads(out[out.index("{"):])
-    assert record["status"] == "applied" and record["actions"][0]["result"]["old_lr"] == [0.2]
+        outs = []
+        for lr, more in (("0.05", []), ("0.025", ["--json"])):
+            proc = subprocess.Popen([*CLI, "send", "--job", "cli-job", "--url", server.url, "--wait", "20", *more,
+                                     "set_lr", f"lr={lr}"], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                    env={**CLEAN_ENV, **OP})
+            deadline = time.monotonic() + 30
+            while proc.poll() is None and time.monotonic() < deadline:
+                rc.poll()
+                time.sleep(0.01)
+            outs.append(proc.communicate(timeout=5)[0])
+            assert proc.returncode == 0, outs[-1]
+    assert opt.param_groups[0]["lr"] == 0.025
+    # Without --json: the line saying it was sent, then the record as `trainmedic show` prints it.
+    sent, *shown = outs[0].splitlines()
+    rid = shown[0]
+    assert sent == f"sent set_lr to job cli-job: remediation {rid} (dispatched)"
+    assert shown == run("show", rid, "--url", server.url, env=OP).stdout.splitlines()
+    assert "  status      applied" in shown and any(line.startswith("    1. set_lr") for line in shown)
+    # With --json: only the record, as the API gives it.
+    record = json.loads(outs[1])
+    assert record["status"] == "applied" and record["actions"][0]["result"]["old_lr"] == [0.05]
     assert record["requested_by"] == "operator" and record["playbook"] == "manual"
 
 
@@ -343,6 +367,19 @@ def test_show_refuses_an_unknown_short_or_ambiguous_prefix_in_one_line(gunicorn:
     assert "is the start of 2 remediation ids" in one_line_error(run("show", common, "--url", server.url), 2)
     assert "no remediation with id '0000000000'" in one_line_error(run("show", "0000000000", "--url", server.url), 2)
     assert "at least 8 characters" in one_line_error(run("show", common[:5], "--url", server.url), 2)
+
+
+def test_a_refused_token_names_the_variable_to_set(gunicorn: Any) -> None:
+    server = gunicorn(workers=1, TRAINMEDIC_READ_TOKEN="reader-s3cret")
+    for argv in (["history"], ["show", "0123456789"]):
+        msg = one_line_error(run(*argv, "--url", server.url, env={"TRAINMEDIC_READ_TOKEN": "wrong-token"}), 1)
+        assert "HTTP 401" in msg and msg.endswith(": set TRAINMEDIC_READ_TOKEN (or TRAINMEDIC_OPERATOR_TOKEN) to a "
+                                                  "token this service reads with: its read token or an operator token")
+    wrong = {"TRAINMEDIC_OPERATOR_TOKEN": "wrong-token"}
+    for argv in (["send", "--job", "j", "scale_lr", "factor=0.5"], ["approve", "0123456789", "--yes"]):
+        msg = one_line_error(run(*argv, "--url", server.url, env=wrong), 1)
+        assert "HTTP 401" in msg and msg.endswith(": set TRAINMEDIC_OPERATOR_TOKEN to an operator token of this "
+                                                  "service"), msg
 
 
 def test_history_and_show_send_the_read_token_else_the_operator_token(gunicorn: Any) -> None:

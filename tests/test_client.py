@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from trainmedic.client.wire import records
+from trainmedic.service.store import record as records
 from trainmedic.client import RemediationClient
 from trainmedic.client.wire import keys
 from trainmedic.client.receiver.mailbox import Mailbox
-from tests.support.jobs import entry_command, inject, job_app, mailbox_entries, send, trigger, wait_record, wait_until
+from tests.support.jobs import inject, job_app, mailbox_entries, send, trigger, wait_capable, wait_record, wait_until
 from tests.support.loop import Loop
 
 JOB = "llama-ft-01"
@@ -86,7 +86,8 @@ def test_an_action_without_handler_is_unsupported_and_the_rest_still_runs(r: red
     done = wait_record(r, rec["id"], tick=loop.tick)
     assert [a["status"] for a in done["actions"]] == ["unsupported", "applied"]
     assert done["status"] == "partially_applied"
-    assert done["actions"][0]["reason"] == "unsupported"
+    # Answered by the client (no handler), or decided at once from its heartbeat when the service read it first.
+    assert done["actions"][0]["reason"] in ("unsupported", "target_cannot")
     assert "rollback_checkpoint" in done["actions"][0]["result"]["message"]
 
 
@@ -98,6 +99,7 @@ def test_a_handler_that_raises_fails_its_action_and_training_goes_on(r: redis.Re
     def rollback(params: dict) -> dict:
         raise RuntimeError("no checkpoint on disk")
 
+    wait_capable(r, JOB, "rollback_checkpoint", tick=loop.tick)
     with caplog.at_level(logging.WARNING, logger="trainmedic"):
         rec = trigger(jobs_http, "rollback-then-halve", JOB)
         done = wait_record(r, rec["id"], tick=loop.tick)
@@ -167,11 +169,11 @@ def test_malformed_entries_are_skipped_with_a_warning_and_later_commands_still_a
         r: redis.Redis, loops: Any, caplog: Any) -> None:
     stream = keys.mailbox(keys.Target("job", JOB))
     other = send(r, "someone-else", "scale_lr", {"factor": 0.5})
-    foreign = entry_command(r, r.xrange(keys.mailbox(keys.Target("job", "someone-else")))[0][1])[0]
-    r.xadd(stream, {"c": "{not json"})
-    r.xadd(stream, {"c": json.dumps({"v": 99, "record_id": "x"})})
+    r.xadd(stream, {"r": "{not an id"})
+    r.xadd(stream, {"c": json.dumps({"v": 99, "record_id": "x"})})  # no record named
     r.xadd(stream, {"nothing": "here"})
-    r.xadd(stream, {"c": foreign})  # a command for another job must not run here
+    r.xadd(stream, {"r": other})  # a record of another job must not run here
+    r.xadd(stream, {"r": "0" * 26})  # no such record
     with caplog.at_level(logging.WARNING, logger="trainmedic"):
         loop = loops()
         rid = send(r, JOB, "scale_lr", {"factor": 0.5})
@@ -179,7 +181,10 @@ def test_malformed_entries_are_skipped_with_a_warning_and_later_commands_still_a
     assert done["status"] == "applied"
     assert loop.lr == pytest.approx(0.05)
     assert sum("malformed" in m for m in caplog.messages) == 4
-    assert Mailbox(r, keys.Target("job", JOB)).cursor() == mailbox_entries(r, JOB)[-1][0]
+    assert sum("unknown remediation" in m for m in caplog.messages) == 1
+    # Every entry was taken (the mailbox keeps only what waits), the cursor past them all.
+    last = r.xinfo_stream(stream)["last-generated-id"]
+    assert mailbox_entries(r, JOB) == [] and Mailbox(r, keys.Target("job", JOB)).cursor() == last
     assert wait_record(r, other, until=lambda rec: True)["status"] == "dispatched"
 
 
@@ -187,6 +192,7 @@ def test_a_restarted_trainer_does_not_repeat_what_it_applied(r: redis.Redis, job
     calls: list[str] = []
     before = loops()
     before.rc.register("save_checkpoint", lambda p: calls.append("before"))
+    wait_capable(r, JOB, "save_checkpoint")
     rec = trigger(jobs_http, "save", JOB)
     wait_record(r, rec["id"], tick=before.tick)
     before.rc.close()
@@ -320,6 +326,7 @@ def test_poll_from_two_threads_applies_every_command_exactly_once(r: redis.Redis
     loop = loops()
     done: list[str] = []
     loop.rc.register("save_checkpoint", lambda params: done.append("saved") or {"ok": True})
+    wait_capable(r, JOB, "save_checkpoint")
     ids = [send(r, JOB, "save_checkpoint") for _ in range(200)]
     stop = threading.Event()
 
@@ -345,6 +352,7 @@ def test_a_handler_that_raises_system_exit_acks_failed_stops_the_loop_and_loses_
         r: redis.Redis, loops: Any, exc: BaseException) -> None:
     first = loops()
     first.rc.register("stop_training", lambda params: (_ for _ in ()).throw(exc))
+    wait_capable(r, JOB, "stop_training")
     stop = send(r, JOB, "stop_training")
     behind = send(r, JOB, "scale_lr", {"factor": 0.5})
     # Both received before the loop's next poll: the stop first, the LR change queued behind it.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from trainmedic.client.wire import keys
+from trainmedic.client.wire import keys, scripts
 from trainmedic.service.embedded_redis import EmbeddedRedis, free_port
 from tests.support.jobs import inject, send, trigger, job_app, wait_record, wait_until
 from tests.support.loop import Loop
@@ -188,6 +188,51 @@ def test_a_hanging_connection_does_not_slow_training_and_commands_arrive_after(
         assert loop.slowest < POLL_BOUND
     finally:
         proxy.close()
+
+
+class CuttingProxy(HangingProxy):
+    """A TCP proxy to Redis that forwards the first request holding `cut_on`, then closes that connection before
+    its answer comes back (the reply lost with a connection that broke)."""
+
+    def __init__(self, upstream_port: int, cut_on: bytes):
+        self.cut_on = cut_on
+        self.cut = threading.Event()
+        super().__init__(upstream_port)
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while not self.closed.is_set():
+                ready, _, _ = select.select([a, b], [], [], 0.05)
+                for src in ready:
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    (b if src is a else a).sendall(data)
+                    if src is a and self.cut_on in data and not self.cut.is_set():
+                        self.cut.set()
+                        time.sleep(0.3)  # Redis runs it; its answer never reaches the client
+                        return
+        except OSError:
+            pass
+        finally:
+            a.close()
+            b.close()
+
+
+def test_a_claim_whose_answer_was_lost_is_asked_again_and_the_command_applied_once(
+        r: redis.Redis, redis_url: str, loops: Any) -> None:
+    proxy = CuttingProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]), scripts.script("claim").sha.encode())
+    try:
+        loop = loops(proxy.url)
+        rid = send(r, JOB, "scale_lr", {"factor": 0.5})
+        rec = wait_record(r, rid, tick=loop.tick)
+        loop.run_for(0.5)
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set()  # the claim ran in Redis, and its answer was lost
+    assert rec["status"] == "applied"
+    assert loop.lr == pytest.approx(0.05)  # applied once
+    assert [a.replayed for a in loop.acks] == [False]
 
 
 def test_a_bad_command_and_a_raising_handler_cost_one_warning_each_and_training_goes_on(

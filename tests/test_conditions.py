@@ -15,7 +15,8 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service.rules import conditions
 

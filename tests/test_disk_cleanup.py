@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trainmedic.client.wire.actions import CATALOGUE, DiskCleanup, ParamError
+from trainmedic.client import manifest
 from trainmedic.client.agent import disk
 from trainmedic.client.receiver.applier import ActionFailed
 
@@ -436,3 +437,78 @@ def test_a_root_swapped_for_a_link_after_the_start_changes_nothing(tmp_path: Pat
         os.close(pinned[0].fd)
     assert res["deleted"] == [str(old)]  # reported by the path it had when pinned
     assert precious.exists() and not (tmp_path / "moved" / "r" / "old.pt").exists()
+
+
+# ---------------------------------------------------------------- the newest whole checkpoint of a run
+
+def whole_run(root: Path, layout: str) -> list[Path]:
+    """Six checkpoints of one run, each with its manifest (as the callbacks and checkpoints.save write them),
+    20 down to 15 days old; the three newest then broken: cut short, a file gone, a manifest that is not one."""
+    made = []
+    for i, step in enumerate(range(10, 70, 10)):
+        age = (20 - i) * DAY
+        if layout == "folder":
+            path = ckpt_dir(root / f"checkpoint-{step}", 1000, age)
+        else:
+            path = put(root / f"step={step}.ckpt", 1000, age)
+        manifest.write(str(path), manifest.describe(str(path), step, {"saved_at": time.time() - age}))
+        made.append(path)
+    newest, second, third = made[-1], made[-2], made[-3]
+    os.truncate(newest / "model.safetensors" if layout == "folder" else newest, 10)
+    if layout == "folder":
+        (second / "optimizer.pt").unlink()
+    else:
+        Path(manifest.location(str(second))[0]).unlink()  # no manifest: nothing says it is whole
+    Path(manifest.location(str(third))[0]).write_text("{not json")
+    for p in made:  # the damage happened when they were written, as a crash leaves it
+        for q in [p, *p.rglob("*")] + [Path(manifest.location(str(p))[0])]:
+            if q.exists():
+                os.utime(q, (time.time() - (20 - made.index(p)) * DAY,) * 2)
+    return made
+
+
+def gone(res: dict) -> list[str]:
+    """What a cleanup took: deleted, or pruned down to its protected files (a folder keeps its manifest)."""
+    return sorted(res["deleted"] + [p["path"] for p in res["pruned"]])
+
+
+def data_left(path: Path) -> bool:
+    return path.is_file() or (path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("layout", ["folder", "file"])
+def test_the_newest_whole_checkpoint_stays_when_the_three_newer_ones_are_broken(tmp_path: Path, layout: str) -> None:
+    root = tmp_path / "runs"
+    made = whole_run(root / "llama", layout)
+    res = clean([root], params(keep_last=3, older_than="7d"))
+    assert gone(res) == sorted(map(str, made[:2]))
+    assert [data_left(p) for p in made] == [False, False, True, True, True, True]
+    good = made[2]
+    assert all(f.exists() for f in ([good, *good.iterdir()] if good.is_dir() else [good]))
+    assert {"path": str(good), "reason": disk.WHOLE} in res["left_alone"] and res["kept"] == 4
+
+    # Whatever keep_last says: with 0, everything else old enough goes, and it still stays.
+    res = clean([root], params(keep_last=0, older_than="7d"))
+    assert str(good) not in gone(res) and set(map(str, made[3:])) <= set(gone(res))
+    assert data_left(good) and {"path": str(good), "reason": disk.WHOLE} in res["left_alone"]
+
+
+def test_without_manifests_keep_last_alone_decides_as_before(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    made = [ckpt_dir(root / "r" / f"checkpoint-{s}", age=(20 - s) * DAY) for s in range(1, 5)]
+    res = clean([root], params(keep_last=1, older_than="7d"))
+    assert gone(res) == sorted(map(str, made[:3])) and res["left_alone"] == []
+
+
+def test_the_agent_keeps_the_last_good_checkpoint_of_a_run_whose_newest_are_broken(
+        agents, http, r, tmp_path: Path) -> None:
+    root = tmp_path / "data" / "runs"
+    made = whole_run(root / "llama", "folder")
+    agents("gpu-node-9", allow_roots=[root]).wait_ready(r)
+    resp = post_json(http, "/webhook", disk_alert("gpu-node-9", "d15c000000000009"))  # keep_last: 3
+    rec = wait_record(r, resp.get_json()["remediations"][0]["id"])
+    res = rec["actions"][0]["result"]
+    assert rec["status"] == "applied", rec
+    assert gone(res) == sorted(map(str, made[:2]))
+    assert {"path": str(made[2]), "reason": disk.WHOLE} in res["left_alone"]
+    assert (made[2] / "model.safetensors").exists() and (made[2] / "optimizer.pt").exists()

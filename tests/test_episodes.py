@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 
 from tests.conftest import post_json, write_playbooks
 from tests.support.jobs import episode
@@ -98,7 +99,7 @@ def test_a_firing_retry_that_arrives_after_its_resolve_is_a_duplicate(app: Any, 
     assert notify(http, "firing", T1, "GPUHotNoCooldown") == []  # a delayed retry of the closed episode
     ep = episode(r, keys.Target("node", NODE), "gpu-hot-again", "00000000000f1a90")
     assert ep["closed"] == "2026-11-22T01:00:00Z" and "open" not in ep
-    assert r.pttl(keys.playbook_state(keys.Target("node", NODE), "gpu-hot-again")) > 24 * 3600 * 1000
+    assert r.pttl(keys.target_state(keys.Target("node", NODE))) > 24 * 3600 * 1000
 
 
 def test_an_earlier_start_from_a_second_prometheus_is_the_same_episode(app: Any, r: Any) -> None:

@@ -248,6 +248,22 @@ case("target page: a name with a slash is no page", "GET", "/targets/job/a%2Fb",
 for v in [*ODD_DIGITS, "\x00", "jobs"]:
     case(f"target page: kind {v!r}", "GET", f"/targets/{seg(v)}/x", 404, None, "There is no target")
 
+# -- GET /jobs and GET /jobs/{name}: a bad query is one sentence; a name that is no job's, a 404
+JOB_QUERIES: list[tuple[str, str, int]] = [("limit", "abc", 400), ("limit", "0", 400), ("limit", "1001", 400),
+                                           ("limit", "9" * 1000, 400), ("live", "maybe", 400), ("live", "true", 200),
+                                           ("before", "x" * 300, 400), ("before", "l:" + "x" * 129, 400)]
+for digit in ODD_DIGITS:
+    JOB_QUERIES += [("limit", digit, 400), ("before", digit, 400)]
+for c in CONTROL:
+    JOB_QUERIES += [("limit", c, 400), ("live", c, 400), ("before", c, 400), (c, "1", 400)]
+for lit in NON_FINITE:
+    JOB_QUERIES += [("limit", lit, 400)]
+for name, value, status in JOB_QUERIES:
+    case(f"jobs: {name[:10]!r}={SHORT.get(value, value[:12])!r}", "GET", "/jobs" + q(**{name: value}), status,
+         None, "" if status == 200 else "")
+for v in [*ODD_DIGITS, *CONTROL, "x" * 129, "..", ".", "x" * 3000]:
+    case(f"job: {v[:12]!r}", "GET", f"/jobs/{seg(v).replace('.', '%2E')}", 404, None, "no job named")
+
 # -- GET /records/{id} (HTML): any id that is not a record's is a page saying so
 for v in [*ODD_DIGITS, *CONTROL, "x" * 200, "..", "01ARZ3NDEKTSV4RRFFQ69G5FAV~job~x"]:
     case(f"record page: {v[:12]!r}", "GET", f"/records/{seg(v).replace('.', '%2E')}", 404, None,
@@ -365,7 +381,7 @@ def test_every_endpoint_of_the_openapi_document_is_in_the_table(service: Service
         for pattern, name in ((r"^/remediations/[^/]+/(approve|reject)$", r"/remediations/{id}/\1"),
                               (r"^/remediations/[^/]+$", "/remediations/{id}"),
                               (r"^/targets/[^/]+/[^/]+$", "/targets/{kind}/{name}"),
-                              (r"^/records/[^/]+$", "/records/{id}")):
+                              (r"^/records/[^/]+$", "/records/{id}"), (r"^/jobs/[^/]+$", "/jobs/{name}")):
             if re.match(pattern, path) and path != "/remediations":
                 path = re.sub(pattern, name, path)
         return c.method, path

@@ -14,7 +14,7 @@ import pytest
 import redis
 import torch
 
-from trainmedic.client.wire import records
+from trainmedic.service.store import record as records
 from trainmedic.client.wire import keys
 from trainmedic.service.embedded_redis import free_port
 from tests.conftest import ROOT

@@ -46,6 +46,17 @@ def value(scrape: dict, name: str, **labels: str) -> float:
     return scrape.get((name, frozenset(labels.items())), 0.0)
 
 
+def scrape_until(get: Any, holds: Any, timeout: float = 10.0) -> dict:
+    """Scrape until holds(samples) (acks reach /metrics once the service has heard of them: its listener, at
+    once); the last scrape's samples."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = samples(get())
+        if holds(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.02)
+
+
 def ack_all(r: redis.Redis, target: keys.Target, statuses: dict[str, str]) -> int:
     """Take every command of the target's mailbox as its trainer would and ack each action; returns acks."""
     box = Mailbox(r, target)
@@ -82,6 +93,8 @@ def test_every_scrape_shows_exactly_n_across_four_workers(gunicorn: Any, r: redi
     for i in range(n):
         assert ack_all(r, keys.Target("job", f"job-{i}"),
                        {"rollback_checkpoint": "unsupported", "scale_lr": "applied"}) == 2
+    scrape_until(lambda: requests.get(g.url + "/metrics", timeout=10).text,
+                 lambda s: value(s, "trainmedic_actions_acked_total", action="scale_lr", status="applied") == n)
     for _ in range(8):  # a fresh connection each time, so different workers answer
         text = requests.get(g.url + "/metrics", headers={"Connection": "close"}, timeout=10).text
         s = samples(text)
@@ -125,6 +138,9 @@ def test_an_ack_is_counted_once_however_often_it_is_sent(http: Any, r: redis.Red
             Ack(rid, 1, "scale_lr", "failed", {"error": "no optimizer"}, "test:1")]
     box.ack(acks)
     box.ack(acks)  # a retried ack (lost reply) must not count twice
+    scrape_until(lambda: http.get("/metrics").get_data(as_text=True),
+                 lambda s: value(s, "trainmedic_ack_latency_seconds_count", action="scale_lr") == 1)
+    time.sleep(0.2)  # and nothing more comes in
     s = samples(http.get("/metrics").get_data(as_text=True))
     assert value(s, "trainmedic_actions_acked_total", action="rollback_checkpoint", status="applied") == 1
     assert value(s, "trainmedic_actions_acked_total", action="scale_lr", status="failed") == 1
@@ -135,13 +151,16 @@ def test_an_ack_is_counted_once_however_often_it_is_sent(http: Any, r: redis.Red
 def test_ack_latency_lands_in_the_right_bucket(http: Any, r: redis.Redis) -> None:
     assert post_json(http, "/webhook", loss_spike("llama-ft-02", "bbb2")).status_code == 200
     box = Mailbox(r, keys.Target("job", "llama-ft-02"))
+    [(_, fields)] = r.xrange(keys.mailbox(keys.Target("job", "llama-ft-02")))
+    rid = fields["r"] + "~job~llama-ft-02"
+    # As if the trainer took three seconds to reach a step boundary: its command was issued 3 s before now
+    # (unsigned here: no verify key, so the record's expiry may be moved).
+    r.hset(keys.record(rid), "exp", int((time.time() - 3 + 3600) * 1000))
     [entry] = box.fetch()
-    rid = entry.command.record_id
-    # As if the trainer took three seconds to reach a step boundary.
-    r.hset(keys.record(rid), "dispatched_ms", int(time.time() * 1000) - 3000)
     assert box.claim(entry, "test:1") == "ok"
     box.ack([Ack(rid, 1, "scale_lr", "applied", {}, "test:1")])
-    s = samples(http.get("/metrics").get_data(as_text=True))
+    s = scrape_until(lambda: http.get("/metrics").get_data(as_text=True),
+                     lambda s: value(s, "trainmedic_ack_latency_seconds_count", action="scale_lr") == 1)
     bucket = "trainmedic_ack_latency_seconds_bucket"
     assert value(s, bucket, action="scale_lr", le="2.5") == 0
     assert value(s, bucket, action="scale_lr", le="5.0") == 1
@@ -164,15 +183,21 @@ def test_backlog_counts_commands_not_yet_applied_waiting_or_delivered_by_kind(ht
     other = Mailbox(r, keys.Target("job", "idle-1"))
     rid = other.fetch()[0].command.record_id
     other.ack([Ack(rid, i, a, "applied", {}, "test:1") for i, a in enumerate(("rollback_checkpoint", "scale_lr"))])
-    s = samples(http.get("/metrics").get_data(as_text=True))
+    s = scrape_until(lambda: http.get("/metrics").get_data(as_text=True),
+                     lambda s: value(s, "trainmedic_mailbox_backlog", kind="job") == 2)
     assert value(s, "trainmedic_mailbox_backlog", kind="job") == 2
 
 
-def test_live_targets_are_counted_from_their_heartbeats(http: Any, r: redis.Redis) -> None:
-    Mailbox(r, keys.Target("job", "alive")).heartbeat({"host": "h"})
-    Mailbox(r, keys.Target("node", "gpu-node-01")).heartbeat({"host": "h"})
+def test_live_targets_are_counted_from_the_heartbeats_the_service_heard(http: Any, r: redis.Redis) -> None:
+    Mailbox(r, keys.Target("job", "alive")).heartbeat({"host": "h"}, announce=True)
+    Mailbox(r, keys.Target("node", "gpu-node-01")).heartbeat({"host": "h"}, announce=True)
+    # A heartbeat nobody announced (a target the service never heard of) does not count; nor does a target
+    # the service knew whose heartbeat is gone.
+    Mailbox(r, keys.Target("job", "unheard")).heartbeat({"host": "h"})
     r.zadd(keys.TARGETS, {"job:long-gone": time.time() - 3600})
-    s = samples(http.get("/metrics").get_data(as_text=True))
+    s = scrape_until(lambda: http.get("/metrics").get_data(as_text=True),
+                     lambda s: value(s, "trainmedic_targets_live", kind="node") == 1
+                     and value(s, "trainmedic_targets_live", kind="job") == 1)
     assert value(s, "trainmedic_targets_live", kind="job") == 1
     assert value(s, "trainmedic_targets_live", kind="node") == 1
 
@@ -199,30 +224,39 @@ def test_the_counters_follow_the_webhook_in_one_process(http: Any) -> None:
 
 
 def _scan(r: redis.Redis) -> dict[str, Any]:
-    """The same figures counted from scratch, target by target (what a scrape did before the aggregates)."""
+    """The same figures counted from scratch, record by record (the service reads its aggregates instead)."""
     backlog = {"job": 0, "node": 0}
     acked: dict[tuple[str, str], int] = {}
     for key in r.scan_iter(match="trainmedic:{*}:rec:*"):
-        if r.hget(key, "status") == "dispatched":
+        h = r.hgetall(key)
+        if h.get("status") == "dispatched":
             backlog[key.split("{", 1)[1].split(":", 1)[0]] += 1
-    for key in r.scan_iter(match="trainmedic:{*}:ackstats"):
-        for field, n in r.hgetall(key).items():
-            if field.startswith("n|"):
-                _, action, st = field.split("|")
-                acked[(action, st)] = acked.get((action, st), 0) + int(n)
-    live = {kind: sum(1 for k in r.scan_iter(match=f"trainmedic:{{{kind}:*}}:heartbeat")) for kind in backlog}
-    return {"backlog": backlog, "acked": acked, "live": live}
+        steps = json.loads(h["d"])["s"]
+        for i, code in enumerate(h.get("as") or ""):
+            answer = json.loads(h.get(f"r:{i}") or "{}")
+            if answer.get("by", "").startswith("test:"):  # an applier's ack
+                st = {"A": "applied", "F": "failed", "U": "unsupported", "S": "skipped", "E": "expired"}[code]
+                acked[(steps[i][0], st)] = acked.get((steps[i][0], st), 0) + 1
+    return {"backlog": backlog, "acked": acked}
 
 
 def _check_exact(http: Any, r: redis.Redis) -> dict[str, Any]:
-    s = samples(http.get("/metrics").get_data(as_text=True))
     truth = _scan(r)
-    for kind in ("job", "node"):
-        assert value(s, "trainmedic_mailbox_backlog", kind=kind) == truth["backlog"][kind], kind
-        assert value(s, "trainmedic_targets_live", kind=kind) == truth["live"][kind], kind
-    for (action, st), n in truth["acked"].items():
-        assert value(s, "trainmedic_actions_acked_total", action=action, status=st) == n
+
+    def exact(s: dict) -> bool:
+        return (all(value(s, "trainmedic_mailbox_backlog", kind=kind) == truth["backlog"][kind]
+                    for kind in ("job", "node"))
+                and all(value(s, "trainmedic_actions_acked_total", action=action, status=st) == n
+                        for (action, st), n in truth["acked"].items()))
+
+    assert exact(scrape_until(lambda: http.get("/metrics").get_data(as_text=True), exact))
     return truth
+
+
+def live(http: Any, kind: str, n: int) -> bool:
+    s = scrape_until(lambda: http.get("/metrics").get_data(as_text=True),
+                     lambda s: value(s, "trainmedic_targets_live", kind=kind) == n)
+    return value(s, "trainmedic_targets_live", kind=kind) == n
 
 
 def test_the_scrape_aggregates_stay_exact_through_dispatch_ack_expiry_and_heartbeat_expiry(
@@ -240,12 +274,13 @@ def test_the_scrape_aggregates_stay_exact_through_dispatch_ack_expiry_and_heartb
     box = Mailbox(r, jobs[2])
     assert box.claim(box.fetch()[0], "test:1") == "ok"
     assert _check_exact(http, r)["backlog"] == {"job": 4, "node": 1}
-    # Heartbeats: two live; one with a short TTL stops counting once it expires.
-    Mailbox(r, jobs[3]).heartbeat({"host": "h", "pid": 1})
-    Mailbox(r, jobs[4]).heartbeat({"host": "h", "pid": 2}, ttl=2.0)
-    assert _check_exact(http, r)["live"] == {"job": 2, "node": 0}
+    # Heartbeats: two live; one with a short TTL stops counting once it expires (the service reads them).
+    Mailbox(r, jobs[3]).heartbeat({"host": "h", "pid": 1}, announce=True)
+    Mailbox(r, jobs[4]).heartbeat({"host": "h", "pid": 2}, ttl=2.0, announce=True)
+    assert live(http, "job", 2) and live(http, "node", 0)
     time.sleep(2.5)
-    assert _check_exact(http, r)["live"] == {"job": 1, "node": 0}
+    app.extensions["trainmedic"].reconciler.tick()  # its look at the heartbeats
+    assert live(http, "job", 1)
     # Expiry: an hour later the reconciler ends every command nobody applied (expired or lost).
     rc = app.extensions["trainmedic"].reconciler
     for _ in range(3):

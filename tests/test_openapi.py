@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from trainmedic.client.wire import records
+from trainmedic.service.store import views
 
 from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, TOKEN, load_fixture, post_json
 
@@ -72,7 +72,7 @@ def test_the_document_names_every_endpoint_and_status_of_the_contract(http: Any)
         "id", "created_at", "playbook", "status", "reason", "alert", "target", "actions", "requested_by",
         "approved_by", "approved_at", "rejected_by", "rejected_at", "approval_comment", "outcome", "escalation",
         "silence_id", "silence_error"}
-    assert record == records.SCHEMA["Record"]
+    assert record == views.SCHEMA["Record"]
     action = doc["components"]["schemas"]["RecordAction"]
     assert set(action["properties"]["status"]["enum"]) == {"pending", "delivered", "applied", "failed", "unsupported",
                                                            "expired", "skipped", "lost"}

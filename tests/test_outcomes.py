@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from trainmedic.client.receiver.mailbox import Mailbox
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack
 from trainmedic.service.rules.playbooks import check
 

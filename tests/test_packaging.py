@@ -93,7 +93,8 @@ def test_the_wheel_installs_trainmedic_and_nothing_else_at_the_top(dist: Path) -
     assert not any(m == "trainmedic/__init__.py" for m in members)
     for needed in ("trainmedic/client/wire/lua/decide.lua", "trainmedic/service/web/templates/base.html",
                    "trainmedic/service/web/static/trainmedic.js", "trainmedic/playbooks/default.yaml",
-                   "trainmedic/service/gunicorn.conf.py"):
+                   "trainmedic/service/gunicorn.conf.py", "trainmedic/playbooks/tests/training.test.yaml",
+                   "trainmedic/playbooks/tests/ladder.yaml"):
         assert needed in members, needed
     # Every package of the tree is in it (a new subpackage missing from pyproject would be left out).
     for folder in ("client", "service"):
@@ -121,10 +122,12 @@ def test_a_base_install_imports_beside_a_users_own_client_and_service_modules(di
     (repo / "client.py").write_text("WHO = 'the user'\n")
     (repo / "service.py").write_text("WHO = 'the user'\n")
     code = ("import importlib.util as u, client, service; from trainmedic.client import RemediationClient; "
-            "import trainmedic.client.wire.records as r; r.lua('decide'); "
-            "print(client.WHO, service.WHO, u.find_spec('flask') is None, u.find_spec('yaml') is None)")
+            "import trainmedic.client.wire.scripts as s; s.lua('decide'); s.lua('mark'); "
+            "from trainmedic.client.checkpoints import newest_good; "
+            "print(client.WHO, service.WHO, u.find_spec('flask') is None, u.find_spec('yaml') is None, "
+            "u.find_spec('torch') is None, newest_good('.').path)")
     out = subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, cwd=repo)
-    assert out.stdout.split() == ["the", "user", "the", "user", "True", "True"], out.stderr
+    assert out.stdout.split() == ["the", "user", "the", "user", "True", "True", "True", "None"], out.stderr
     # A command whose extra is missing says which one to install, in one line.
     serve = subprocess.run([str(bin_dir / "trainmedic"), "serve"], capture_output=True, text=True, cwd=repo)
     assert serve.returncode == 1 and serve.stderr.strip().splitlines() == [
@@ -151,7 +154,8 @@ def test_the_agent_extra_runs_the_agent_and_send_without_the_web_stack(dist: Pat
 
 
 def test_make_demo_installs_what_the_demo_runs_and_not_the_test_tools() -> None:
-    assert names(META["optional-dependencies"]["demo"]) == {"trainmedic", "torch"}
+    # NumPy too: torch warns at import without it.
+    assert names(META["optional-dependencies"]["demo"]) == {"trainmedic", "torch", "numpy"}
     assert "trainmedic[service]" in META["optional-dependencies"]["demo"]
     planned = subprocess.run(["make", "-n", "-B", "demo"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert planned.returncode == 0, planned.stderr

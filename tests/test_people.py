@@ -4,12 +4,12 @@ signed session cookie. Real gunicorn, the real `trainmedic serve`, the Flask app
 from __future__ import annotations
 
 import base64
-import html
 import json
 import os
 import re
 import stat
 import subprocess
+import time
 import sys
 import zlib
 from html.parser import HTMLParser
@@ -21,6 +21,8 @@ import redis
 import requests
 
 from trainmedic.client.settings import SettingsError
+from trainmedic.client.wire import keys
+from trainmedic.service import goodput
 from trainmedic.service.cli.serve import add_person_lines
 from trainmedic.service.embedded_redis import free_port
 from trainmedic.service.people import People
@@ -117,12 +119,22 @@ def test_named_tokens_are_recorded_as_operator_name_on_approve_reject_triggers_a
 # -- reads
 
 @pytest.fixture
-def closed(make_app: Any, tokens_file: Path, held_playbooks: Path) -> Any:
-    """An app whose reads need a token, with one held record; returns (app, record id)."""
+def closed(make_app: Any, r: Any, tokens_file: Path, held_playbooks: Path) -> Any:
+    """An app whose reads need a token, with one held record and its job's account; returns (app, record id)."""
     app = make_app(read_token=READ, operator_tokens_file=str(tokens_file), playbooks=str(held_playbooks))
+    seen(r)
     made = post_json(app.test_client(), "/remediations", {"playbook": "held-lr", "labels": {"job_name": JOB}})
     assert made.status_code == 201
     return app, made.get_json()["id"]
+
+
+def seen(r: Any) -> None:
+    """The job's goodput account, from one heartbeat of its training process (so that /jobs/NAME serves it)."""
+    now = time.time()
+    beat = {"kind": "job", "name": JOB, "step": 3, "last_seen": now,
+            "goodput": {"run": "r1", "started": now - 10, "productive_s": 5.0, "recompute_s": 0.0, "stall_s": 0.0,
+                        "first_step": 1, "high": 3, "back": None}}
+    goodput.fold(r, [(keys.Target("job", JOB), beat)], now)
 
 
 def get_routes(app: Any, rid: str) -> dict[str, str]:
@@ -138,7 +150,7 @@ def get_routes(app: Any, rid: str) -> dict[str, str]:
     return out
 
 
-OPEN = {"/healthz", "/readyz", "/metrics", "/static/trainmedic.css", "/login"}
+OPEN = {"/healthz", "/readyz", "/metrics", "/static/trainmedic.css", "/login", "/login/session"}
 
 
 def test_a_read_token_guards_every_get_route_but_the_probes_the_scrape_static_files_and_the_login_form(
@@ -176,8 +188,10 @@ def test_a_read_token_guards_every_get_route_but_the_probes_the_scrape_static_fi
     assert resp.status_code == 403 and "read token" in resp.get_json()["error"]
 
 
-def test_without_a_read_token_every_get_route_is_open(make_app: Any, tokens_file: Path, held_playbooks: Path) -> None:
+def test_without_a_read_token_every_get_route_is_open(make_app: Any, r: Any, tokens_file: Path,
+                                                     held_playbooks: Path) -> None:
     app = make_app(operator_tokens_file=str(tokens_file), playbooks=str(held_playbooks))
+    seen(r)
     http = app.test_client()
     rid = post_json(http, "/remediations", {"playbook": "held-lr", "labels": {"job_name": JOB}}).get_json()["id"]
     for path in get_routes(app, rid):
@@ -188,20 +202,11 @@ def test_without_a_read_token_every_get_route_is_open(make_app: Any, tokens_file
 
 # -- the pages' login
 
-def bounced(resp: Any) -> str | None:
-    """Where a login page that looks once more (its meta refresh) goes, if it is one."""
-    found = re.search(r'<meta http-equiv="refresh" content="0; url=([^"]+)">', resp.text)
-    return html.unescape(found.group(1)) if found else None
-
-
 def login_form(http: Any) -> str:
     """The login form's CSRF value, as a browser gets the form (a person logged in may log in as another)."""
     resp = http.get("/login")
-    again = bounced(resp)
-    if again:  # no cookie came: the page looks once more from this site before making a session
-        assert "Set-Cookie" not in resp.headers and again == "/login?next=/&again=1"
-        resp = http.get(again)
-    assert resp.status_code == 200 and resp.headers["Cache-Control"] == "no-store" and bounced(resp) is None
+    assert resp.status_code == 200 and resp.headers["Cache-Control"] == "no-store"
+    assert "http-equiv" not in resp.text  # the form at once: no page that loads another
     form = re.search(r'<form[^>]*id="login"[^>]*>', resp.text)
     assert form and 'method="post"' in form.group(0)
     assert re.search(r'<input type="password" name="token"', resp.text)
@@ -267,34 +272,39 @@ def test_the_login_form_sets_a_signed_httponly_samesite_strict_session_that_name
     assert done.status_code == 200 and done.get_json()["approved_by"] == "operator:alice"
 
 
-def test_a_link_from_another_site_keeps_the_login_it_arrives_without(closed: Any) -> None:
+def test_a_link_from_another_site_shows_the_form_at_once_and_keeps_the_login_it_arrives_without(
+        closed: Any) -> None:
     app, rid = closed
     http = app.test_client()
     assert log_in(http, ALICE).status_code == 303
     cookie = http.get_cookie("trainmedic_session").value  # type: ignore[union-attr]
     # A link from a chat or a notification: the browser leaves the SameSite=Strict cookie out of that request.
     other_site = app.test_client()
-    resp = other_site.get(f"/records/{rid}")
+    cross = {"Sec-Fetch-Site": "cross-site"}
+    resp = other_site.get(f"/records/{rid}", headers=cross)
     assert resp.status_code == 303 and resp.headers["Location"] == f"/login?next=/records/{rid}"
-    resp = other_site.get(resp.headers["Location"])
-    # The login page sets no cookie (that would replace the one held) and looks once more from this site...
-    assert resp.status_code == 200 and "Set-Cookie" not in resp.headers
-    again = bounced(resp)
-    assert again == f"/login?next=/records/{rid}&again=1"
-    # ...where the browser sends the cookie, and the person goes on to the record, still logged in.
+    resp = other_site.get(resp.headers["Location"], headers=cross)
+    # The login form at once, which writes no session cookie (that would replace the one held)...
+    assert resp.status_code == 200 and 'id="login"' in resp.text and "http-equiv" not in resp.text
+    assert not [v for k, v in resp.headers.items() if k == "Set-Cookie" and v.startswith("trainmedic_session=")]
+    # ...and whose script asks this site, which the browser sends the cookie to, whether it holds a login.
+    check = re.search(r'<body data-session-check="([^"]+)" data-next="([^"]+)">', resp.text)
+    assert check and check.groups() == ("/login/session", f"/records/{rid}")
+    assert other_site.get("/login/session").get_json() == {"logged_in": False}
     other_site.set_cookie("trainmedic_session", cookie)
-    resp = other_site.get(again)
-    assert resp.status_code == 303 and resp.headers["Location"] == f"/records/{rid}"
-    assert "Set-Cookie" not in resp.headers and other_site.get(f"/records/{rid}").status_code == 200
-    # Nobody logged in: the second look shows the form.
-    assert 'id="login"' in app.test_client().get(again).text
+    answer = other_site.get("/login/session")
+    assert answer.get_json() == {"logged_in": True} and answer.headers["Cache-Control"] == "no-store"
+    assert other_site.get(f"/records/{rid}").status_code == 200  # where the script then goes
+    # Within this site (the cookie sent, or no cross-site request) there is nothing to ask.
+    assert "data-session-check" not in other_site.get(f"/records/{rid}", headers=cross).text
+    assert "data-session-check" not in app.test_client().get("/login", headers={"Sec-Fetch-Site": "same-origin"}).text
 
 
 def test_the_session_cookie_is_secure_behind_https(closed: Any, make_app: Any, tokens_file: Path) -> None:
     app, _ = closed
     over_https = app.test_client()
     csrf = re.search(r'name="csrf" value="([^"]+)"',  # type: ignore[union-attr]
-                     over_https.get("/login?again=1", base_url="https://localhost").text).group(1)
+                     over_https.get("/login", base_url="https://localhost").text).group(1)
     resp = over_https.post("/login", data={"csrf": csrf, "token": READ, "next": "/"}, base_url="https://localhost")
     assert resp.status_code == 303 and "secure" in attributes(session_cookie(resp))
     # Behind a proxy that ends TLS, TRAINMEDIC_PUBLIC_URL says people use https.

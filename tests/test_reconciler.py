@@ -9,10 +9,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainmedic.client.receiver.mailbox import Mailbox
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack, dumps
 
-from tests.support.jobs import send, service
+from tests.support.jobs import send, service, wait_until
 
 JOB = "llama-ft-01"
 TARGET = keys.Target("job", JOB)
@@ -33,8 +34,13 @@ def ended(r: Any, status: str) -> float:
 
 
 def beat(r: Any, host: str, pid: int) -> None:
-    """The first heartbeat of a process host:pid of the job (a process starting)."""
-    Mailbox(r, TARGET).heartbeat({"kind": "job", "name": JOB, "host": host, "pid": pid}, first=True)
+    """The first heartbeat of a process host:pid of the job (a process starting), as the service hears it: the
+    job is due now (the service's listener makes it so)."""
+    service(r)  # its listener hears the announcement
+    r.zadd(keys.DUE, {TARGET.label: int((time.time() + 3600) * 1000)})  # not due now until heard
+    Mailbox(r, TARGET).heartbeat({"kind": "job", "name": JOB, "host": host, "pid": pid}, announce=True)
+    wait_until(lambda: float(r.zscore(keys.DUE, TARGET.label) or "inf") <= time.time() * 1000
+               and r.zscore(keys.TARGETS, TARGET.label) is not None, what="the service hearing the heartbeat")
 
 
 def test_a_command_nobody_takes_ends_expired(r: Any) -> None:
@@ -49,8 +55,9 @@ def test_a_command_nobody_takes_ends_expired(r: Any) -> None:
     act = rec["actions"][0]
     assert (act["status"], act["reason"]) == ("expired", "expired")
     assert act["result"] == {"message": "Nobody took the command before it expired."}
-    # Terminal: it drops its stored command and leaves the reconciler's due items.
-    assert "cmd" not in r.hgetall(keys.record(rid)) and r.zcard(keys.due_items(TARGET)) == 0
+    # Terminal: it drops its signature, its mailbox entry and its due items.
+    assert "sig" not in r.hgetall(keys.record(rid)) and r.zcard(keys.due_items(TARGET)) == 0
+    assert r.xlen(keys.mailbox(TARGET)) == 0
 
 
 def test_a_claim_held_by_a_process_that_is_gone_is_offered_to_the_one_that_heartbeats(r: Any) -> None:
@@ -86,7 +93,7 @@ def test_a_claim_nobody_acknowledges_ends_lost_and_a_late_ack_still_tells_the_tr
     box.ack([Ack(rid, 0, "scale_lr", "applied", {"new_lr": [0.05]}, "gpu-1:100")])
     rec = records.get(r, rid)
     assert rec is not None and rec["status"] == "applied"
-    assert r.hget(keys.record(rid), "a:0:late") == "1"
+    assert r.hget(keys.record(rid), "late:0") == "1"
 
 
 def test_claiming_and_expiring_are_atomic_with_respect_to_each_other(r: Any) -> None:
@@ -102,9 +109,11 @@ def test_claiming_and_expiring_are_atomic_with_respect_to_each_other(r: Any) -> 
 
 def test_an_expired_command_is_not_taken_even_when_a_clock_is_slow(r: Any) -> None:
     rid = send(r, JOB, "scale_lr", {"factor": 0.5}, expire_after=60)
-    reconciler(r).tick(time.time() + 61)  # the reconciler's clock passed the expiry
     box = Mailbox(r, TARGET)
-    assert box.claim(box.fetch()[0], "gpu-1:100") == "gone"
+    [entry] = box.fetch()  # read before the reconciler expired it; claimed after, by a slow clock
+    reconciler(r).tick(time.time() + 61)  # the reconciler's clock passed the expiry
+    assert box.fetch() == []  # the expired command left the mailbox
+    assert box.claim(entry, "gpu-1:100") == "gone"
     rec = records.get(r, rid)
     assert rec is not None and rec["status"] == "expired"
 

@@ -10,11 +10,15 @@ from typing import Any
 
 import pytest
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
 from trainmedic.client.wire.protocol import ACK_STATUSES, Ack
-from trainmedic.client.wire.records import ActionReason, ActionStatus, Mode, Outcome, Reason, RecordStatus
 from trainmedic.client.wire.redis import run_scripts
+from trainmedic.client.wire.scripts import ack_calls
 from trainmedic.client.wire.signing import Signer
+from trainmedic.client.wire.status import (CODE_STATUS, ActionReason, ActionStatus, Mode, Outcome, Reason,
+                                           RecordStatus)
+from trainmedic.service.store import record as records, views
+from trainmedic.service.store.scripts import Keyspace, verdict_call
 from trainmedic.service.decide.dispatch import DispatchSettings, Dispatcher
 from trainmedic.service.decide.plan import plan
 from trainmedic.service.rules.alerts import parse_group
@@ -47,10 +51,10 @@ def test_an_action_takes_every_status_an_ack_may_carry() -> None:
 
 
 def test_the_schema_enums_come_from_the_enums() -> None:
-    props = records.SCHEMA["Record"]["properties"]
+    props = views.SCHEMA["Record"]["properties"]
     assert props["status"]["enum"] == [s.value for s in RecordStatus]
     assert props["outcome"]["properties"]["status"]["enum"] == ["pending", "effective", "ineffective", "unknown"]
-    assert records.SCHEMA["RecordAction"]["properties"]["status"]["enum"] == [s.value for s in ActionStatus]
+    assert views.SCHEMA["RecordAction"]["properties"]["status"]["enum"] == [s.value for s in ActionStatus]
     assert all(type(v) is str for v in props["status"]["enum"])  # plain strings in the published document
     for reason in Reason:
         assert reason in props["reason"]["description"]
@@ -61,26 +65,32 @@ def test_the_schema_enums_come_from_the_enums() -> None:
 def test_every_status_reason_and_outcome_the_scripts_write_is_a_member() -> None:
     text = lua_text()
     record_statuses = (set(re.findall(r"'HSET', \w+, 'status', '(\w+)'", text))
-                       | set(re.findall(r"\bstatus = '(\w+)'", text)))
+                       | set(re.findall(r"\bstatus = '(\w+)'", text)) | set(re.findall(r"finish\('(\w+)'", text)))
     record_statuses |= set(re.findall(r"status, reason = '(\w+)'", text))
-    reasons = (set(re.findall(r"(?<!\.\. )'reason', '(\w+)'", text))
-               | set(re.findall(r"^\s*(?:local )?reason = '(\w+)'", text, re.M)))
-    reasons |= set(re.findall(r"status, reason = '\w+', '(\w+)'", text))
-    action = re.findall(r"end_open\(\w+, '(\w+)', '(\w+)'", text)
-    action_statuses = ({s for s, _ in action} | set(re.findall(r"astatus = '(\w+)'", text))
-                       | set(re.findall(r"p \.\. 'status', '(\w+)'", text)))
-    action_reasons = {r for _, r in action} | set(re.findall(r"p \.\. 'reason', '(\w+)'", text))
-    outcomes = set(re.findall(r"\bo = '(\w+)'", text))
+    written = "\n".join(line for line in text.splitlines() if "'HMGET'" not in line)  # not what is read
+    reasons = (set(re.findall(r"(?<!\.\. )'reason', '(\w+)'", written))
+               | set(re.findall(r"^\s*(?:local )?reason = '(\w+)'", text, re.M))
+               | set(re.findall(r"finish\('\w+', '(\w+)'", text)))
+    reasons |= set(re.findall(r"status, reason(?:, \w+)? = '\w+', '(\w+)'", text))
+    # An action's status is a code (lua/common.lua CODE): end_open, set_code and finish write them.
+    ended = re.findall(r"end_open\(\w+, '(\w)', '(\w+)'", text)
+    codes = ({c for c, _ in ended} | set(re.findall(r"set_code\(\w+, \w+, '(\w)'\)", text))
+             | set(re.findall(r"finish\('\w+', '\w+', '(\w)'", text)))
+    action_reasons = ({r for _, r in ended} | set(re.findall(r"reason = '(\w+)', result", text))
+                      | set(re.findall(r"finish\('\w+', '(\w+)'", text)))
+    outcomes = set(re.findall(r"\boutcome = '(\w+)'", text))
+    lua_codes = dict(re.findall(r"(\w+) = '([A-Z])'", text.split("local CODE = {", 1)[1].split("}", 1)[0]))
     # Each pattern found what it looks for (so the checks below cannot pass by finding nothing).
     assert {"dispatched", "pending_approval", "skipped", "applied", "expired"} <= record_statuses
-    assert {"cooldown", "budget_exhausted", "approval_expired", "tampered", "no_live_target"} <= reasons
-    assert {"expired", "skipped", "pending", "delivered", "lost"} <= action_statuses
-    assert {"lost", "rejected"} <= action_reasons
+    assert {"cooldown", "budget_exhausted", "approval_expired", "tampered", "no_live_target",
+            "mailbox_full"} <= reasons
+    assert {"E", "S", "L"} <= codes and {"lost", "rejected", "expired"} <= action_reasons
     assert outcomes == {"unknown", "pending"}
     assert record_statuses <= set(RecordStatus), record_statuses - set(RecordStatus)
-    # A script's status of an action (p .. 'status') is an action status; a record's reason a Reason.
     assert reasons <= set(Reason), reasons - set(Reason)
-    assert action_statuses <= set(ActionStatus) and action_reasons <= set(ActionReason)
+    # The scripts' codes are the client's, one for each action status.
+    assert {name: code for name, code in lua_codes.items()} == {s.value: c for c, s in CODE_STATUS.items()}
+    assert codes <= set(CODE_STATUS) and action_reasons <= set(ActionReason)
     assert outcomes <= set(Outcome)
 
 
@@ -101,8 +111,8 @@ def test_a_stored_record_reads_its_fields_once_and_shows_the_contracts_record(r)
     assert rec.playbook == o.playbook and rec.target == keys.target_of_record(o.record_id)
     assert [s.action for s in rec.steps] == [a["action"] for a in rec.as_dict()["actions"]]
     assert rec.n == len(rec.steps) >= 1 and (rec.stage, rec.parent, rec.next) == (0, None, None)
-    assert rec.alert["fingerprint"] == load_fixture("firing_single.json")["alerts"][0]["fingerprint"]
-    assert rec.action_status(0) == ActionStatus.PENDING and rec.acked_at(0) is None
+    assert rec.alert.fingerprint == load_fixture("firing_single.json")["alerts"][0]["fingerprint"]
+    assert rec.actions[0].status == ActionStatus.PENDING and rec.actions[0].acked_at is None
     # as_dict is the API's record, field for field.
     assert rec.as_dict() == records.get(r, o.record_id)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -115,13 +125,13 @@ def test_a_stored_record_says_when_an_action_was_acknowledged(r) -> None:
     assert before is not None
     at = "2026-01-02T03:04:05Z"
     acks = [Ack(o.record_id, i, st.action, "applied", {}, "host:1", acked_at=at) for i, st in enumerate(before.steps)]
-    run_scripts(r, records.ack_calls(records.Scripts(r), acks, time.time()))
+    run_scripts(r, ack_calls(acks, time.time()))
     after = records.load(r, o.record_id)
     assert after is not None and after.status == RecordStatus.APPLIED
-    assert [after.acked_at(i) for i in range(after.n)] == [at] * after.n
-    assert all(after.action_status(i) == ActionStatus.APPLIED for i in range(after.n))
+    assert [a.acked_at for a in after.actions] == [at] * after.n
+    assert all(a.status == ActionStatus.APPLIED for a in after.actions)
     # The record read before is a snapshot: it does not change under the reader.
-    assert before.status == RecordStatus.DISPATCHED and before.acked_at(0) is None
+    assert before.status == RecordStatus.DISPATCHED and before.actions[0].acked_at is None
 
 
 def test_a_gone_record_loads_as_none(r) -> None:
@@ -132,19 +142,19 @@ def test_a_gone_record_loads_as_none(r) -> None:
 
 def test_the_record_schema_has_exactly_the_view_types_fields() -> None:
     # A field added to a view type is in the schema, and the schema has nothing the type does not show.
-    for cls, name in records.COMPONENTS.items():
+    for cls, name in views.COMPONENTS.items():
         fields = dataclasses.fields(cls)
-        schema = records.SCHEMA[name]
+        schema = views.SCHEMA[name]
         assert list(schema["properties"]) == [f.name for f in fields], name
         assert schema["required"] == [f.name for f in fields if f.default is dataclasses.MISSING], name
-    props = records.SCHEMA["Record"]["properties"]
-    for key, cls in (("outcome", records.OutcomeView), ("escalation", records.Escalation)):
+    props = views.SCHEMA["Record"]["properties"]
+    for key, cls in (("outcome", views.OutcomeView), ("escalation", views.Escalation)):
         assert list(props[key]["properties"]) == [f.name for f in dataclasses.fields(cls)]
     # The keys a record shows only sometimes are neither required nor null.
     sometimes = {"detail", "on_resolved", "approval_expires_at", "expires_at"}
-    assert sometimes == set(props) - set(records.SCHEMA["Record"]["required"])
+    assert sometimes == set(props) - set(views.SCHEMA["Record"]["required"])
     assert not any(props[k].get("nullable") for k in sometimes)
-    assert set(records.SCHEMA["RecordAction"]["properties"]) - set(records.SCHEMA["RecordAction"]["required"]) == {
+    assert set(views.SCHEMA["RecordAction"]["properties"]) - set(views.SCHEMA["RecordAction"]["required"]) == {
         "optional", "when"}
 
 
@@ -152,7 +162,7 @@ def conforms(value: object, schema: dict, where: str = "record") -> None:
     """Asserts that a JSON value is what an OpenAPI 3.0 schema of the record's components says."""
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[1]
-        schema = records.SCHEMA.get(name) or {"type": "object", "required": ["kind", "name"]}  # Target
+        schema = views.SCHEMA.get(name) or {"type": "object", "required": ["kind", "name"]}  # Target
     if value is None:
         assert schema.get("nullable"), where
         return
@@ -197,12 +207,13 @@ def test_records_as_the_api_shows_them_are_what_the_schema_says(r) -> None:
     assert rec is not None
     acks = [Ack(o.record_id, i, st.action, "applied", {"step": 1}, "host:1:0", acked_at="2026-01-02T03:04:05Z")
             for i, st in enumerate(rec.steps)]
-    run_scripts(r, records.ack_calls(records.Scripts(r), acks, time.time()))
-    assert records.verdict(records.Scripts(r), o.record_id, Outcome.EFFECTIVE, "2026-01-02T03:09:05Z", 300.0)
+    run_scripts(r, ack_calls(acks, time.time()))
+    ks = Keyspace(r)
+    assert ks.run([verdict_call(ks, o.record_id, Outcome.EFFECTIVE, "2026-01-02T03:09:05Z", 300.0)])[0] == 1
     shown = [records.get(r, m.record_id) for m in made]
     for one in shown:
         assert one is not None
-        conforms(one, records.SCHEMA["Record"])
+        conforms(one, views.SCHEMA["Record"])
     # Every kind of record was shown, with each key the record shows only sometimes.
     assert {RecordStatus.APPLIED, RecordStatus.SKIPPED, RecordStatus.DISPATCHED, RecordStatus.PENDING_APPROVAL} <= {
         one["status"] for one in shown if one}

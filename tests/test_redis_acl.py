@@ -22,7 +22,8 @@ import torch
 from redis.exceptions import NoPermissionError
 
 from trainmedic.client import RemediationClient
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.service.embedded_redis import EmbeddedRedis
 
 from tests.conftest import AUTH, OP_AUTH, OPERATOR, ROOT, SIGNING_KEY, VERIFY_KEY, Gunicorn, load_fixture
@@ -243,7 +244,7 @@ def test_a_trainer_cannot_read_or_write_node_keys_nor_xadd_into_a_node_mailbox(a
             "write a node's record": lambda: trainer.hset(keys.record(rid), "a:0:status", "pending"),
             "forge a node's heartbeat": lambda: trainer.set(keys.heartbeat(node), "{}"),
             "change the remembered power limits": lambda: trainer.hset(keys.power_memory(NODE), "GPU-0", "1"),
-            "wake a node's agent": lambda: trainer.publish(keys.wake_channel(node), "x"),
+            "speak for a node to the service": lambda: trainer.publish(keys.up_channel(node), "beat"),
             "list the history": lambda: trainer.zrange(keys.HISTORY, 0, -1),
             "add to the history": lambda: trainer.zadd(keys.HISTORY, {rid: 0}),
             "add to the approvals": lambda: trainer.zadd(keys.APPROVALS, {rid: 0}),
@@ -257,16 +258,44 @@ def test_a_trainer_cannot_read_or_write_node_keys_nor_xadd_into_a_node_mailbox(a
         }
         allowed = [what for what, call in calls.items() if not refused(call)]
         assert allowed == [], allowed
-        with pytest.raises(NoPermissionError):  # nor listen to a node's wake-ups
-            p = trainer.pubsub()
-            p.subscribe(keys.wake_channel(node))
-            p.get_message(timeout=1)
-        # What it does need still works: its own mailbox (a release re-offers into it) and the global three.
+        # What it does need still works: its own keys (a release re-offers into its mailbox) and its channel.
         job = keys.Target("job", JOB)
-        assert trainer.xadd(keys.mailbox(job), {"c": "x"}) and trainer.xrange(keys.mailbox(job))
-        assert trainer.zadd(keys.TARGETS, {"job:" + JOB: time.time()}) is not None
+        assert trainer.xadd(keys.mailbox(job), {"r": "x"}) and trainer.xrange(keys.mailbox(job))
+        assert trainer.publish(keys.up_channel(job), "beat") is not None
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("who", ["TRAINER", "AGENT"])
+def test_a_targets_user_may_write_no_key_that_other_targets_share(acl_redis, inspector, who: str) -> None:
+    # Each of these, done with one job's (or node's) password, used to stop or skew remediation for every target:
+    # the webhook and the reconciler failing on the due targets or the history journal, records left dispatched
+    # past their expiry, records hidden from the history, /metrics broken, the breaker loosened.
+    user = redis.Redis.from_url(url(acl_redis, who), decode_responses=True)
+    other = keys.Target("job", "someone-else")
+    try:
+        calls = {
+            "SET the due targets": lambda: user.set(keys.DUE, "x"),
+            "SET the history journal": lambda: user.set(keys.HIST_JOURNAL, "x"),
+            "SET the known targets": lambda: user.set(keys.TARGETS, "x"),
+            "PEXPIRE the due targets": lambda: user.pexpire(keys.DUE, 1),
+            "ZREM from the due targets": lambda: user.zrem(keys.DUE, "job:someone-else"),
+            "ZADD XX into the due targets": lambda: user.zadd(keys.DUE, {"job:someone-else": 1e15}, xx=True),
+            "LTRIM the history journal": lambda: user.ltrim(keys.HIST_JOURNAL, 1, 0),
+            "count a refusal": lambda: user.hset(keys.REJECTED, "bad_signature", "notanumber"),
+            "write the metrics": lambda: user.hincrby(keys.METRICS, "n|x|applied", 1),
+            "make nodes look live": lambda: user.zadd(keys.live("node"), {f"node:fake-{i}": 1e15 for i in range(10)}),
+            "make jobs look live": lambda: user.zadd(keys.live("job"), {"job:fake": 1e15}),
+            "name a target dirty": lambda: user.sadd(keys.HIST_DIRTY, "job:someone-else"),
+            "take a breaker's place": lambda: user.zadd(keys.breaker_open("gpu-xid-error"), {"x": 1e15}),
+            "write another target's journal": lambda: user.rpush(keys.journal(other), "c|x|a|b"),
+            "speak for another target": lambda: user.publish(keys.up_channel(other), "acks"),
+        }
+        allowed = [what for what, call in calls.items() if not refused(call)]
+        assert allowed == [], allowed
+    finally:
+        user.close()
+    inspector.acl_log_reset()
 
 
 def test_an_agent_cannot_touch_job_keys(acl_redis, inspector) -> None:
@@ -283,7 +312,7 @@ def test_an_agent_cannot_touch_job_keys(acl_redis, inspector) -> None:
             "rewrite a job's ledger": lambda: agent.rpush(keys.ledger(job), "{}"),
             "read a job's ledger": lambda: agent.lrange(keys.ledger(job), 0, -1),
             "forge a job's heartbeat": lambda: agent.set(keys.heartbeat(job), "{}"),
-            "wake a job": lambda: agent.publish(keys.wake_channel(job), "x"),
+            "speak for a job to the service": lambda: agent.publish(keys.up_channel(job), "acks"),
             "list the history": lambda: agent.zrange(keys.HISTORY, 0, -1),
             "list every key": lambda: agent.keys("*"),
             "flush everything": lambda: agent.flushall(),
@@ -421,12 +450,12 @@ def test_one_nodes_or_jobs_own_user_cannot_touch_another_nodes_or_jobs_keys(acl_
 
     def attempts(who: redis.Redis, target: keys.Target, rid: str) -> dict[str, Any]:
         return {
-            "rewrite a held record's steps": lambda: who.hset(keys.record(rid), "a:0:spec", "{}"),
+            "rewrite a held record's decision": lambda: who.hset(keys.record(rid), "d", "{}"),
             "read a record": lambda: who.hget(keys.record(rid), "status"),
             "XADD into the mailbox": lambda: who.xadd(keys.mailbox(target), {"c": "{}", "s": ""}),
             "move the cursor": lambda: who.set(keys.cursor(target), "9999999999999-0"),
             "forge the heartbeat": lambda: who.set(keys.heartbeat(target), "{}"),
-            "wake it": lambda: who.publish(keys.wake_channel(target), "x"),
+            "speak for it": lambda: who.publish(keys.up_channel(target), "acks"),
         }
 
     try:
@@ -474,8 +503,9 @@ def test_a_held_record_its_own_node_rewrote_is_refused_on_approval_and_nothing_i
         mailbox = keys.mailbox(keys.Target("node", NODE))
         before = inspector.xlen(mailbox)
         # The node's own credentials turn its held drain into a cleanup of every checkpoint.
-        forged = {"action": "disk_cleanup", "params": {"keep_last": 0, "older_than": "0s", "patterns": ["*"]}}
-        node_user.hset(keys.record(held["id"]), "a:0:spec", json.dumps(forged))
+        decided = json.loads(node_user.hget(keys.record(held["id"]), "d"))
+        decided["s"] = [["disk_cleanup", {"keep_last": 0, "older_than": "0s", "patterns": ["*"]}]]
+        node_user.hset(keys.record(held["id"]), "d", json.dumps(decided))
         assert records.get(service, held["id"])["actions"][0]["action"] == "disk_cleanup"
         resp = requests.post(f"{g.url}/remediations/{held['id']}/approve", json={}, headers=OP_AUTH, timeout=10)
         assert resp.status_code == 200, resp.text

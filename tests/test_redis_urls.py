@@ -49,7 +49,7 @@ def closed_loop(url: str) -> dict:
             if rec["status"] != "dispatched":
                 break
             time.sleep(0.01)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05), rec
     assert http.get("/readyz").status_code == 200
     # The reconciler's global index and per-target scripts work on this Redis too (a cluster: other slots).
     report = app.extensions["trainmedic"].reconciler.tick(time.time() + 7200)
@@ -69,7 +69,8 @@ def test_the_core_flow_runs_on_a_redis_cluster(cluster: EmbeddedCluster) -> None
     # The record, the mailbox and the cursor of one target live in one hash slot.
     t = keys.Target("job", "llama-ft-01")
     slots = {redis.RedisCluster.from_url(cluster.url).keyslot(k)
-             for k in (keys.record(rec["id"]), keys.mailbox(t), keys.cursor(t), keys.playbook_state(t, "p"))}
+             for k in (keys.record(rec["id"]), keys.mailbox(t), keys.cursor(t), keys.target_state(t),
+                       keys.journal(t), keys.target_metrics(t))}
     assert len(slots) == 1
 
 
@@ -120,42 +121,48 @@ def test_the_core_flow_runs_over_tls(tmp_path: Path) -> None:
     assert rec["actions"][1]["status"] == "applied"
 
 
-def test_on_a_cluster_an_ack_on_a_target_the_reconciler_never_visits_is_indexed_before_the_next_query(
+def test_on_a_cluster_an_ack_on_a_target_the_reconciler_never_visits_is_listed_by_its_new_status(
         cluster: EmbeddedCluster) -> None:
-    # The scripts journal history changes in their target's own slot there (a script may only touch its slot);
-    # the applier names its target in a global set, and the next query moves that journal into the index. No
-    # reconciler tick runs here: the target is never visited.
-    from trainmedic.client.wire import records
+    # The scripts journal history changes in their target's own slot (a script may only touch its slot, and an
+    # applier only its own keys); the ack tells the service on the target's channel, and the service moves that
+    # journal into the index. No reconciler pass runs here: only the service's listener.
+    from trainmedic.service.store import record as records
+    from trainmedic.client.wire import scripts
     from trainmedic.client.wire.protocol import Ack
     from trainmedic.client.wire.redis import run_scripts
+    from tests.support.jobs import wait_until
 
     app = create_app({"TESTING": True, "redis_url": cluster.url, "webhook_token": TOKEN, "signing_key": SIGNING_KEY,
                       "playbooks": str(ROOT / "playbooks")})
-    http = app.test_client()
-    job = f"hist-never-visited-{time.time_ns()}"
-    body = load_fixture("firing_single.json")
-    body["alerts"][0]["labels"]["job_name"] = job
-    body["alerts"][0]["fingerprint"] = f"{time.time_ns() & (1 << 64) - 1:016x}"
-    resp = http.post("/webhook", data=json.dumps(body), content_type="application/json", headers=AUTH)
-    [rid] = [m["id"] for m in resp.json["remediations"]]
-    # Listed and filterable as soon as the webhook answered.
-    assert [i["id"] for i in http.get(f"/history?target=job:{job}&status=dispatched").json["items"]] == [rid]
-    assert rid in [i["id"] for i in http.get("/history?status=dispatched&limit=500").json["items"]]
+    listener = app.extensions["trainmedic"].reconciler.listener
+    listener.start()
+    try:
+        http = app.test_client()
+        job = f"hist-never-visited-{time.time_ns()}"
+        body = load_fixture("firing_single.json")
+        body["alerts"][0]["labels"]["job_name"] = job
+        body["alerts"][0]["fingerprint"] = f"{time.time_ns() & (1 << 64) - 1:016x}"
+        resp = http.post("/webhook", data=json.dumps(body), content_type="application/json", headers=AUTH)
+        [rid] = [m["id"] for m in resp.json["remediations"]]
+        # Listed and filterable as soon as the webhook answered.
+        assert [i["id"] for i in http.get(f"/history?target=job:{job}&status=dispatched").json["items"]] == [rid]
+        assert rid in [i["id"] for i in http.get("/history?status=dispatched&limit=500").json["items"]]
 
-    applier = connect(cluster.nodes[2].url)  # a trainer's own client, another node's URL
-    assert isinstance(applier, redis.RedisCluster)
-    rec = records.get(applier, rid)
-    acks = [Ack(rid, i, a["action"], "applied", {}, "trainer:1") for i, a in enumerate(rec["actions"])]
-    run_scripts(applier, records.ack_calls(records.Scripts(applier), acks, time.time()))
-    status = applier.hget(keys.record(rid), "status")
-    assert status not in (None, "dispatched")
-    assert f"job:{job}" in applier.smembers(keys.HIST_DIRTY)  # named by the applier, not by a reconciler
-    assert applier.llen(keys.hist_journal(keys.Target("job", job))) > 0
+        applier = connect(cluster.nodes[2].url)  # a trainer's own client, another node's URL
+        assert isinstance(applier, redis.RedisCluster)
+        rec = records.get(applier, rid)
+        acks = [Ack(rid, i, a["action"], "applied", {}, "trainer:1") for i, a in enumerate(rec["actions"])]
+        run_scripts(applier, scripts.ack_calls(acks, time.time()))
+        status = applier.hget(keys.record(rid), "status")
+        assert status not in (None, "dispatched")
+        assert applier.llen(keys.journal(keys.Target("job", job))) > 0  # in the target's own slot
 
-    assert [i["id"] for i in http.get(f"/history?status={status}&limit=500").json["items"]].count(rid) == 1
-    assert rid not in [i["id"] for i in http.get("/history?status=dispatched&limit=500").json["items"]]
-    assert [i["id"] for i in http.get(f"/history?target=job:{job}&status={status}").json["items"]] == [rid]
-    assert http.get(f"/history?target=job:{job}&status=dispatched").json["items"] == []
-    # The target's journal was moved and folded; the set no longer names it.
-    assert applier.llen(keys.hist_journal(keys.Target("job", job))) == 0
-    assert f"job:{job}" not in applier.smembers(keys.HIST_DIRTY)
+        wait_until(lambda: rid in [i["id"] for i in http.get(f"/history?status={status}&limit=500").json["items"]],
+                   what="the record listed by its new status")
+        assert rid not in [i["id"] for i in http.get("/history?status=dispatched&limit=500").json["items"]]
+        assert [i["id"] for i in http.get(f"/history?target=job:{job}&status={status}").json["items"]] == [rid]
+        assert http.get(f"/history?target=job:{job}&status=dispatched").json["items"] == []
+        # The target's journal was taken and folded.
+        assert applier.llen(keys.journal(keys.Target("job", job))) == 0
+    finally:
+        listener.stop()

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import redis
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 
 from tests.support.jobs import send, wait_until
 from tests.support.loop import Loop

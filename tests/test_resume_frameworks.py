@@ -11,7 +11,7 @@ import pytest
 import redis
 import torch
 
-from trainmedic.client.wire import records
+from trainmedic.service.store import record as records
 
 from tests.support.jobs import job_app, trigger
 

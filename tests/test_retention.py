@@ -1,8 +1,10 @@
 """Retention (README: HTTP API, records are kept 30 days): every key trainmedic writes is bounded by count and by age.
 
 A burst of webhooks, commands, acks (a real node agent and a real trainer process), approvals, rejections,
-expiries and resolves leaves only keys with a TTL, except the few global indexes the design keeps without
-one; each of those is bounded by count or trimmed, as the comments on GLOBALS say.
+expiries and resolves, once the reconciler has looked at every target (which it does by their records'
+expiry at the latest), leaves only keys with a TTL, except the records and their indexes (deleted by count and
+age: the history's retention) and the few global keys the design keeps without one; each of those is bounded
+by count or trimmed, as the comments on GLOBALS say.
 """
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from trainmedic.client.receiver.mailbox import MAILBOX_MAXLEN
-from trainmedic.client.wire import keys, records
-from trainmedic.service import history
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
+from trainmedic.service import history, upgrade
+from trainmedic.service.store.decision import ANNOTATIONS_MAX, MAILBOX_MAX
 
 from tests.conftest import post_json, write_playbooks
 from tests.support.faults import CrashTrainer, wait_for
-from tests.support.jobs import entry_command
 
 # The global keys kept without a TTL, and what bounds each one.
 GLOBALS = {
@@ -31,17 +33,19 @@ GLOBALS = {
     # clears the bits of the records it deletes and drops a segment once none of its records is left.
     keys.HIST_JOURNAL: "count",
     keys.HIST_SEQ: "constant",
-    # Target label -> last heartbeat: the reconciler (and GET /targets) drop targets silent for a day.
+    # Facet digest -> playbook and alert name: one field per pair the playbooks answer.
+    keys.HIST_FACETS: "constant",
+    # Target label -> last heartbeat: the service drops targets silent for a day.
     keys.TARGETS: "age",
-    # Labels of targets sent a command: /metrics drops those whose stats expired and that have nothing open.
-    keys.MAILBOXES: "age",
     # Target label -> earliest due item: the reconciler drops a target when its due items are gone.
     keys.DUE: "count",
     # Held record -> approval deadline: approve/reject remove it, the reconciler drops those past the deadline.
     keys.APPROVALS: "age",
     # One timestamp string, and one counter: constant size.
     keys.EPOCH: "constant",
-    keys.STATES_UPGRADED: "constant",
+    keys.MARK: "constant",
+    keys.MARK_SEEN: "constant",
+    upgrade.UPGRADED: "constant",
     keys.RESETS: "constant",
     # A hash of counts by refusal reason (bad_signature, unsigned, replayed): a few fields at most.
     keys.REJECTED: "constant",
@@ -53,9 +57,17 @@ GLOBALS = {
     keys.METRICS: "constant",
     # Alerts no playbook matched, by alert name: at most 100 names and `other` (service/unmatched.py).
     keys.UNMATCHED: "constant",
+    # Jobs judged hung: live jobs only (a hang resolves when the step moves or the heartbeats stop).
+    keys.HUNG: "count",
     # Target label -> when its heartbeat stops counting as live: the reconciler drops those a day past it.
     keys.live("job"): "age",
     keys.live("node"): "age",
+    # Goodput (service/goodput.py): every job seen in 30 days (swept past that), the jobs whose down time
+    # still grows, how far the search for new records went, and where the sweep goes on.
+    keys.GOODPUT_JOBS: "age",
+    keys.GOODPUT_DOWN: "age",
+    keys.GOODPUT_SEQ: "constant",
+    keys.GOODPUT_SWEEP: "constant",
 }
 NODES = [f"gpu-node-{i}" for i in range(4)]
 JOBS = [f"job-{i}" for i in range(5)]
@@ -149,8 +161,8 @@ def test_after_a_burst_every_key_has_a_ttl_except_the_global_indexes_which_are_b
         webhook(http, alert("firing", "Rehearsal", "rh", job_name=JOBS[2]))
         assert post_json(http, f"/remediations/{approve}/approve", {}).status_code == 200
         assert post_json(http, f"/remediations/{reject}/reject", {"comment": "no"}).status_code == 200
-        # Ad-hoc commands: more than a mailbox keeps.
-        for _ in range(3 * MAILBOX_MAXLEN):
+        # Ad-hoc commands for a job nobody runs: they wait in its mailbox.
+        for _ in range(300):
             assert post_json(http, "/commands", {"target": f"job:{JOBS[3]}", "action": "set_lr",
                                                  "params": {"lr": 0.01}}).status_code == 201
         # The real agent and trainer apply theirs and ack.
@@ -165,29 +177,59 @@ def test_after_a_burst_every_key_has_a_ttl_except_the_global_indexes_which_are_b
                        alert("resolved", "Rehearsal", "rh", job_name=JOBS[2]))
         assert len(undo) == 3  # GPU 1 of the first node stays throttled (its alert still fires)
         wait_for(lambda: status(r, undo[0]["id"]) == "applied", 20, "the restore to be applied")
-        # The reconciler passes over it all, past the short approval timeout.
-        app.extensions["trainmedic"].reconciler.tick(time.time() + 2)
+        # The reconciler passes over it all, past the short approval timeout and the commands' expiry.
+        rc = app.extensions["trainmedic"].reconciler
+        rc.tick(time.time() + 2)
+        rc.tick(time.time() + 2 * 3600)
     finally:
         trainer.stop()
         agent.stop()
 
     ttl = every_key(r)
     kinds = {k.split("}:", 1)[1].split(":")[0] if "}:" in k else k for k in ttl}
-    assert {"rec", "mailbox", "playbook", "undo", "due", "cursor", "ackstats", "ledger",
-            "power", "heartbeat"} <= kinds  # the burst wrote every kind of per-target key
+    assert {"rec", "state", "undo", "cursor", "ledger", "power", "heartbeat", "hist"} <= kinds  # every kind
     segments = (keys.HIST_PREFIX + "bm:", keys.HIST_PREFIX + "seg:")  # bounded with the records (see GLOBALS)
-    unbounded = sorted(k for k, t in ttl.items() if t < 0 and k not in GLOBALS and not k.startswith(segments))
+    # Records and their targets' lists of them: deleted by the history's retention (count and age).
+    by_retention = [k for k in ttl if "}:rec:" in k or k.endswith("}:hist")]
+    unbounded = sorted(k for k, t in ttl.items() if t < 0 and k not in GLOBALS and not k.startswith(segments)
+                       and k not in by_retention)
     assert unbounded == [], f"keys without a TTL: {unbounded}"
-    assert set(GLOBALS) >= {k for k, t in ttl.items() if t < 0 and not k.startswith(segments)}
+    assert set(GLOBALS) >= {k for k, t in ttl.items() if t < 0 and not k.startswith(segments)
+                            and k not in by_retention}
+    # What appliers leave for the service (their journals and counts) was taken in and is gone.
+    assert not [k for k in ttl if k.endswith(("}:hj", "}:metrics"))]
     # The globals are bounded: pending approvals only, due targets only, a few refusal reasons.
     assert r.zcard(keys.APPROVALS) == 0  # one approved, one rejected, one expired
     for label in r.zrange(keys.DUE, 0, -1):
         target = keys.parse_label(label)
         assert target is not None and r.zcard(keys.due_items(target)) > 0
-    assert set(r.hkeys(keys.REJECTED)) <= {"bad_signature", "unsigned", "replayed"}
-    assert r.zcard(keys.TARGETS) == 2 and r.scard(keys.MAILBOXES) <= len(NODES) + len(JOBS)
-    # Mailbox streams are capped (MAXLEN ~ trims whole stream nodes: at most one node over the cap).
-    assert 0 < r.xlen(keys.mailbox(keys.Target("job", JOBS[3]))) <= 2 * MAILBOX_MAXLEN
+    assert r.zcard(keys.TARGETS) == 2
+    # The mailbox is never trimmed: its commands expired, and left it then.
+    assert r.xlen(keys.mailbox(keys.Target("job", JOBS[3]))) == 0
+    assert all(status(r, m["id"]) == "expired" for m in made if m["id"].endswith(f"~job~{JOBS[3]}"))
+
+
+def test_a_mailbox_holds_its_bound_of_waiting_commands_and_the_next_one_says_it_is_full(app: Any, r: Any) -> None:
+    http = app.test_client()
+    made = []
+    for _ in range(MAILBOX_MAX + 1):
+        resp = post_json(http, "/commands", {"target": "job:nobody-reads", "action": "set_lr", "params": {"lr": 0.01}})
+        assert resp.status_code == 201
+        made.append(resp.get_json())
+    assert {m["status"] for m in made[:MAILBOX_MAX]} == {"dispatched"}
+    assert (made[-1]["status"], made[-1]["reason"]) == ("skipped", "mailbox_full")
+    # Nothing was trimmed: every waiting command is still there for the job to take.
+    assert r.xlen(keys.mailbox(keys.Target("job", "nobody-reads"))) == MAILBOX_MAX
+
+
+def test_records_past_the_age_are_deleted(make_app: Any, r: Any, tmp_path: Path) -> None:
+    app = make_app(playbooks=str(write_playbooks(tmp_path / "pb.yaml", PLAYBOOKS)))
+    made = [m["id"] for m in webhook(app.test_client(), *[alert("firing", "TrainingLossSpike", f"a{i}",
+                                                                job_name=f"aged-{i}") for i in range(3)])]
+    rc = app.extensions["trainmedic"].reconciler
+    assert rc.tick().trimmed == 0
+    assert rc.tick(time.time() + 31 * 86400).trimmed == 3  # 30 days later
+    assert not any(r.exists(keys.record(rid)) for rid in made) and r.zcard(keys.HISTORY) == 0
 
 
 def test_history_is_trimmed_to_history_max_and_the_records_past_it_are_deleted(make_app: Any, r: Any,
@@ -218,13 +260,10 @@ def test_a_949_kb_alert_is_stored_as_a_record_of_a_few_kb_with_its_labels_whole(
     rec = http.get(f"/remediations/{made['id']}").get_json()
     assert rec["alert"]["truncated"] is True
     assert rec["alert"]["labels"] == {"alertname": "TrainingLossSpike", "job_name": "big-job", **labels}
-    assert 0 < sum(len(v) for v in rec["alert"]["annotations"].values()) <= records.ANNOTATIONS_MAX
+    assert 0 < sum(len(v) for v in rec["alert"]["annotations"].values()) <= ANNOTATIONS_MAX
     size = r.memory_usage(keys.record(made["id"]), samples=0)  # every field, not an estimate
     assert size < 16 * 1024, f"the record takes {size} bytes in Redis"
-    assert len(r.hget(keys.record(made["id"]), "alert")) < 8 * 1024
-    # The command sent to the job carries no annotations at all.
-    [entry] = r.xrange(keys.mailbox(keys.Target("job", "big-job")))
-    assert len(entry_command(r, entry[1])[0]) < 4096
+    assert len(r.hget(keys.record(made["id"]), "d")) < 8 * 1024
 
 
 def test_the_global_indexes_without_a_ttl_forget_targets_that_are_long_gone(app: Any, r: Any) -> None:
@@ -234,16 +273,9 @@ def test_the_global_indexes_without_a_ttl_forget_targets_that_are_long_gone(app:
     target = keys.Target("job", "gone-job")
     # The job heartbeated two days ago and never again.
     r.zadd(keys.TARGETS, {target.label: time.time() - 2 * 86400, "job:alive": time.time()})
+    r.set(keys.heartbeat(keys.Target("job", "alive")), "{}", px=60_000)
     rc = app.extensions["trainmedic"].reconciler
     rc.tick(time.time() + 3601)  # its command expired after an hour
     assert status(r, rid) == "expired"
     assert r.zrange(keys.TARGETS, 0, -1) == ["job:alive"]
     assert target.label not in r.zrange(keys.DUE, 0, -1)
-    r.sadd(keys.MAILBOXES, target.label)  # as a cluster's DECIDE does (the set names targets with metrics)
-    # Thirty days pass: every key of the target reaches its TTL (made to expire now).
-    for k in r.scan_iter(match=f"trainmedic:{target.tag}*".replace("{", "\\{").replace("}", "\\}")):
-        assert r.pttl(k) > 0
-        r.pexpire(k, 1)
-    time.sleep(0.05)
-    assert http.get("/metrics").status_code == 200  # a scrape drops targets with nothing left
-    assert target.label not in r.smembers(keys.MAILBOXES)

@@ -33,11 +33,11 @@ STEPS, SAVE_EVERY, SPIKE_AT = 90, 10, 45
 HOLD, SLOW = "hold", "slow"
 
 
-def run(framework: str, world: int, tmp: Path, redis_url: str, job: str, gates: dict[int, str],
-        on_gate: dict[int, Callable[[dict], None]], spike_at: int = SPIKE_AT, steps: int = STEPS) -> list[dict]:
-    """Start the ranks, call on_gate[step](gate info) as rank 0 reaches each gate, return what each rank saw."""
+def start(framework: str, world: int, tmp: Path, redis_url: str, job: str, gates: dict[int, str],
+          spike_at: int = SPIKE_AT, steps: int = STEPS, **extra: Any) -> list[subprocess.Popen]:
+    """Start the ranks of tests/rollback_worker.py (extra: more of its config, such as resume_from)."""
     cfg = {"framework": framework, "job": job, "redis_url": redis_url, "dir": str(tmp), "steps": steps,
-           "save_every": SAVE_EVERY, "spike_at": spike_at, "gates": {str(k): v for k, v in gates.items()}}
+           "save_every": SAVE_EVERY, "spike_at": spike_at, "gates": {str(k): v for k, v in gates.items()}, **extra}
     port, procs = free_port(), []
     for rank in range(world):
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -49,9 +49,17 @@ def run(framework: str, world: int, tmp: Path, redis_url: str, job: str, gates: 
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.rollback_worker", mine], cwd=ROOT, env=env, stdout=log,
                 stderr=subprocess.STDOUT))
+    return procs
+
+
+def run(framework: str, world: int, tmp: Path, redis_url: str, job: str, gates: dict[int, str],
+        on_gate: dict[int, Callable[[dict], None]], spike_at: int = SPIKE_AT, steps: int = STEPS,
+        **extra: Any) -> list[dict]:
+    """Start the ranks, call on_gate[step](gate info) as rank 0 reaches each gate, return what each rank saw."""
+    procs = start(framework, world, tmp, redis_url, job, gates, spike_at, steps, **extra)
     logs = lambda: "\n".join((tmp / f"rank{i}.log").read_text()[-3000:] for i in range(world))  # noqa: E731
     done: set[int] = set()
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 240
     try:
         while any(p.poll() is None for p in procs):
             assert time.monotonic() < deadline, logs()

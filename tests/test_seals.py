@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from trainmedic.client.receiver.mailbox import Mailbox
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack
 from trainmedic.client.wire.signing import Signer
 
@@ -108,11 +109,24 @@ def fire(http: Any, alertname: str, **labels: str) -> str:
 
 
 def stored(r: redis.Redis, rid: str) -> dict[str, str]:
-    return records.stored(r, rid)
+    return dict(r.hgetall(keys.record(rid)))
 
 
 def intact(r: redis.Redis, rid: str) -> bool:
-    return records.intact(rid, stored(r, rid), SIGNER)
+    rec = records.load(r, rid)
+    return rec is not None and rec.intact(SIGNER)
+
+
+def decided(r: redis.Redis, rid: str) -> dict[str, Any]:
+    """What a record says was decided (its `d`)."""
+    return dict(json.loads(r.hget(keys.record(rid), "d") or "{}"))
+
+
+def rewrite(r: redis.Redis, rid: str, change: Any) -> None:
+    """Rewrite what a record says was decided, as someone with its target's Redis user could."""
+    d = decided(r, rid)
+    change(d)
+    r.hset(keys.record(rid), "d", json.dumps(d, separators=(",", ":")))
 
 
 def apply(r: redis.Redis, rid: str, status: str = "applied") -> float:
@@ -153,14 +167,14 @@ def test_a_deferred_record_rewritten_before_its_conditions_sends_nothing_and_end
     assert (h["status"], h.get("conds")) == ("dispatched", "1") and mailbox_len(r, job) == 0
     assert intact(r, rid)
     # The job's own credentials turn the step that runs without a condition into an LR of 100.
-    r.hset(keys.record(rid), "a:1:spec", json.dumps({"action": "set_lr", "params": {"lr": 100.0}}))
+    rewrite(r, rid, lambda d: d["s"].__setitem__(1, ["set_lr", {"lr": 100.0}]))
     with caplog.at_level(logging.ERROR, logger="trainmedic.dispatch"):
         reconciler(svc).tick()
     assert mailbox_len(r, job) == 0, "nothing is signed or sent"
     got = records.get(r, rid)
     assert got is not None and (got["status"], got["reason"]) == ("skipped", "tampered"), got
     assert [(a["status"], a["reason"]) for a in got["actions"]] == [("skipped", "tampered")] * 2
-    assert r.hget(keys.record(rid), "cmd") is None and r.hget(keys.record(rid), "conds") is None
+    assert r.hget(keys.record(rid), "sig") is None and r.hget(keys.record(rid), "conds") is None
     assert tampered_count(r, svc) == 1
     assert any(f"remediation {rid} was changed in Redis after it was decided" in m for m in caplog.messages)
     # It is over: a later pass sends nothing and counts nothing more.
@@ -190,12 +204,9 @@ def test_a_ladder_whose_first_record_was_rewritten_makes_no_next_stage_and_ends(
     acked = apply(r, first)
     sent = mailbox_len(r, job)
     if field == "context":
-        forged = json.dumps({"gpu_id": "7"})
+        rewrite(r, first, lambda d: d.__setitem__("c", {"gpu_id": "7"}))
     else:  # the same alert (its fingerprint kept, so the episode is still open), other labels
-        a = json.loads(r.hget(keys.record(first), "alert") or "{}")
-        a["labels"] = {**a["labels"], "job_name": "someone-else"}
-        forged = json.dumps(a)
-    r.hset(keys.record(first), field, forged)
+        rewrite(r, first, lambda d: d["a"]["labels"].__setitem__("job_name", "someone-else"))
     with caplog.at_level(logging.ERROR, logger="trainmedic.dispatch"):
         reconciler(svc).tick(acked + 121)
     h = stored(r, first)
@@ -215,12 +226,12 @@ def test_a_stage_record_rewritten_to_an_earlier_stage_makes_no_stage_again(r: re
     acked = apply(r, first)
     reconciler(svc).tick(acked + 121)
     stage1 = stored(r, first)["next"]
-    assert stored(r, stage1)["stage"] == "1" and intact(r, stage1) and intact(r, first)
+    assert decided(r, stage1)["g"] == 1 and intact(r, stage1) and intact(r, first)
     acked1 = apply(r, stage1)
     sent = mailbox_len(r, job)
     # The first record is untouched; its stage now says it was stage 0, so that stage 1 (halving the LR
     # again) would follow it, and again after each one made.
-    r.hset(keys.record(stage1), "stage", "0")
+    rewrite(r, stage1, lambda d: d.pop("g"))
     reconciler(svc).tick(acked1 + 121)
     assert not stored(r, stage1).get("next") and mailbox_len(r, job) == sent
     assert stored(r, first).get("ladder_end") == "tampered"
@@ -258,11 +269,9 @@ def test_an_on_resolved_whose_record_was_rewritten_or_swapped_is_skipped_and_sen
     ob = _obligation(r, hot["fingerprint"])
     assert r.hget(ob, "rid") == rid
     if how == "context rewritten":
-        r.hset(keys.record(rid), "context", json.dumps({"gpu_id": "3"}))
+        rewrite(r, rid, lambda d: d.__setitem__("c", {"gpu_id": "3"}))
     elif how == "alert rewritten":
-        a = json.loads(r.hget(keys.record(rid), "alert") or "{}")
-        a["labels"]["gpu_id"] = "3"
-        r.hset(keys.record(rid), "alert", json.dumps(a))
+        rewrite(r, rid, lambda d: d["a"]["labels"].__setitem__("gpu_id", "3"))
     elif how == "another node's record":
         other = fire(http, "HotToo", node=OTHER, gpu_id="3")
         assert intact(r, other)
@@ -377,9 +386,9 @@ def test_every_kind_of_record_is_sealed_when_made_and_stays_intact_through_its_l
 
 
 def test_no_script_writes_a_sealed_field_after_the_record_is_made() -> None:
-    # DECIDE writes the record once, from its `fields`; no other call of a script may name a sealed field
-    # (or a step's spec) in a write to a hash.
-    sealed = set(records.SEALED)
+    # DECIDE writes the record once, what was decided (`d`) and its seal among it; no other call of a script may
+    # name either in a write to a hash.
+    sealed = {"d", "seal"}
     offending = []
     for path in sorted((ROOT / "client" / "wire" / "lua").glob("*.lua")):
         text = path.read_text()
@@ -392,18 +401,18 @@ def test_no_script_writes_a_sealed_field_after_the_record_is_made() -> None:
                     break
             call = text[m.start():i]
             names = set(re.findall(r"'([^']*)'", call)) | set(re.findall(r'"([^"]*)"', call))
-            bad = names & sealed | {n for n in names if n.endswith(":spec")}
+            bad = names & sealed
             if bad:
                 offending.append((path.name, text[:m.start()].count("\n") + 1, sorted(bad)))
     assert offending == []
-    # The service's own marks on a record (records.mark_once / set_marks / drop_mark) never name one either.
+    # The service's own marks on a record (record.mark_once / set_marks) never name one either.
     calls = [c for path in sorted((ROOT / "service").rglob("*.py"))
-             for c in re.findall(r"records\.(?:mark_once|set_marks|drop_mark)\(([^)]*)\)", path.read_text())]
+             for c in re.findall(r"record\.(?:mark_once|set_marks)\(([^)]*)\)", path.read_text())]
     assert len(calls) >= 5, calls
     named = set()
     for call in calls:
         named |= set(re.findall(r'"([^"{]+)"', call)) | set(re.findall(r"(\w+)=", call))
-    assert "follow" in named and "silence_id" in named
+    assert "ladder_end" in named and "silence_id" in named
     assert not named & sealed, named & sealed
 
 
@@ -444,9 +453,7 @@ def test_a_silence_is_never_made_from_a_rewritten_alert_nor_another_silence_expi
     before = set(silences(alertmanager))
     # A record whose alert labels were rewritten (to silence another job's alerts): no silence at all.
     forged = fire(http, "Loss", job_name=JOB, fingerprint="f0f0f0f0f0f0f0f0")
-    a = json.loads(r.hget(keys.record(forged), "alert") or "{}")
-    a["labels"] = {"alertname": "Loss", "job_name": "someone-else"}
-    r.hset(keys.record(forged), "alert", json.dumps(a))
+    rewrite(r, forged, lambda d: d["a"].__setitem__("labels", {"job_name": "someone-else"}))
     apply(r, forged)
     reconciler(app).tick()
     got = records.get(r, forged)

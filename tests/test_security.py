@@ -25,9 +25,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainmedic.client import RemediationClient
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.protocol import ActionCall, Command
-from trainmedic.client.wire.records import Step
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
+from trainmedic.client.wire.protocol import command_message
+from trainmedic.service.store.decision import NewRecord, Step
 from trainmedic.client.wire.signing import Signer
 from trainmedic.service.decide import plan
 from trainmedic.service.embedded_redis import free_port
@@ -80,45 +81,56 @@ class Issuer:
         self.sign = sign
         self.dispatcher = Dispatcher(r, _Sign(sign), DispatchSettings())  # type: ignore[arg-type]
 
-    def send(self, target: keys.Target, steps: list[tuple[str, dict]], context: dict | None = None, *,
-             edit: Callable[[str], str] | None = None, tamper: Callable[[dict], None] | None = None) -> str:
-        """A record and its command; `edit` changes the bytes before signing, `tamper` after. Its record id."""
+    def draft(self, target: keys.Target, steps: list[tuple[str, dict]], context: dict | None = None) -> NewRecord:
+        """A record as the service would make it, its command signed with `sign`."""
         pb = Playbook(name="manual", matchers=(), target=target.kind, actions=tuple(Step(a, p) for a, p in steps),
                       expire_after=3600.0)
         d = plan.manual(pb, {"job_name" if target.kind == "job" else "node": target.name}, None, "operator")
         d = plan.Decision(d.playbook, d.mode, d.alert, Resolution(target, context or {}), d.requested_by)
-        new = self.dispatcher.new_record(d, time.time())
+        return self.dispatcher.new_record(d, time.time())
+
+    def send(self, target: keys.Target, steps: list[tuple[str, dict]], context: dict | None = None, *,
+             edit: Callable[[str], str] | None = None, tamper: Callable[[dict], None] | None = None) -> str:
+        """A record and its mailbox entry; `edit` changes what was decided before signing, `tamper` after. Its
+        record id."""
+        new = self.draft(target, steps, context)
         if edit is not None:
-            text = edit(new.delivery.command)
-            new = dataclasses.replace(new, delivery=dataclasses.replace(new.delivery, command=text,
-                                                                        signature=self.sign(text.encode())))
+            text = edit(new.decided)
+            new = dataclasses.replace(new, decided=text, delivery=dataclasses.replace(
+                new.delivery, signature=self.sign(message_of(new, text))))
         if tamper is not None:
-            cmd = json.loads(new.delivery.command)
-            tamper(cmd)
-            new = dataclasses.replace(new, delivery=dataclasses.replace(
-                new.delivery, command=json.dumps(cmd, separators=(",", ":"))))
+            d = json.loads(new.decided)
+            tamper(d)
+            new = dataclasses.replace(new, decided=json.dumps(d, separators=(",", ":")))
         [answer] = self.dispatcher.submit([new])
         assert answer.status == "dispatched", answer
         return new.rid
+
+
+def message_of(new: NewRecord, decided: str) -> bytes:
+    """The bytes an applier checks the record's signature over, were its `d` these."""
+    return command_message(new.rid, int(new.expires_at * 1000), new.delivery.send, decided)
+
+
+def forge(r: redis.Redis, new: NewRecord, signature: str, *, entry: bool = True) -> str:
+    """A record written straight into Redis, as anyone who may write the target's keys can (its applier's user
+    may), and, with `entry`, a mailbox entry naming it. Its record id."""
+    r.hset(keys.record(new.rid), mapping={"d": new.decided, "exp": int(new.expires_at * 1000),
+                                          "send": new.delivery.send, "sig": signature, "status": "dispatched",
+                                          "as": "P" * new.n})
+    if entry:
+        xadd(r, new.target, new.rid)
+    return new.rid
 
 
 def service_signer() -> Signer:
     return Signer.from_secret(SIGNING_KEY)
 
 
-def signed_command(target: keys.Target, steps: list[tuple[str, dict]], record_id: str | None = None,
-                   context: dict | None = None) -> Command:
-    now = time.time()
-    return Command(record_id=record_id or new_record_id(target), kind=target.kind, target=target.name,
-                   actions=tuple(ActionCall(i, a, p) for i, (a, p) in enumerate(steps)), issued_at=now,
-                   expires_at=now + 3600, context=context or {})
-
-
-def xadd(r: redis.Redis, target: keys.Target, text: str, signature: str | None) -> str:
-    """One entry straight into a mailbox stream, as anyone with Redis write access can."""
-    fields = {"c": text} if signature is None else {"c": text, "s": signature}
-    entry = r.xadd(keys.mailbox(target), fields)
-    r.publish(keys.wake_channel(target), "x")
+def xadd(r: redis.Redis, target: keys.Target, rid: str) -> str:
+    """One entry straight into a mailbox stream naming a record, as anyone with Redis write access can."""
+    entry = r.xadd(keys.mailbox(target), {"r": rid.split("~")[0]})
+    r.publish(keys.up_channel(target), "x")
     return str(entry)
 
 
@@ -195,29 +207,29 @@ def test_forged_commands_are_refused_and_nothing_is_deleted_or_throttled(node_ag
     before = rejected(http)
     forged = [("disk_cleanup", WIPE), ("power_limit", {"watts": 200})]
 
-    # 1. Straight into the stream, unsigned, with no record behind it.
-    xadd(r, target, signed_command(target, forged, context=GPU0).to_json(), None)
-    # 2. A whole record and entry made by the service's own script, but unsigned.
+    # 1. A record written straight into Redis, unsigned, and a mailbox entry naming it.
+    straight = forge(r, Issuer(r, service_signer().sign).draft(target, forged, GPU0), "")
+    # 2. A whole record made by the service's own script, but unsigned: the script sends nothing unsigned.
     unsigned = Issuer(r, lambda data: "").send(target, forged, GPU0)
+    assert r.hget(keys.record(unsigned), "sig") is None
     # 3. The same, signed with a different Ed25519 key.
     other_key = Issuer(r, Signer.from_secret(ATTACKER_KEY).sign).send(target, forged, GPU0)
-    # 4. Signed by the service's key over harmless bytes, then the params were changed.
-    def widen(cmd: dict) -> None:
-        cmd["actions"][0]["params"] = WIPE
-        cmd["actions"][1]["params"] = {"watts": 200}
+    # 4. Signed by the service's key over harmless steps, then the params were changed.
+    def widen(d: dict) -> None:
+        d["s"][0][1] = WIPE
+        d["s"][1][1] = {"watts": 200}
     harmless = [("disk_cleanup", {"patterns": ["*.tmp"], "keep_last": 100, "older_than": "3650d"}),
                 ("power_limit", {"watts": 700})]
     altered = Issuer(r, service_signer().sign).send(target, harmless, GPU0, tamper=widen)
-    # 5. A signature taken from a genuine command and pasted onto the forged bytes.
-    genuine = signed_command(target, harmless, context=GPU0).to_json()
-    xadd(r, target, signed_command(target, forged, context=GPU0).to_json(), service_signer().sign(genuine.encode()))
-    # 6. Correctly signed by the service's key, but naming a record that does not exist.
-    invented = signed_command(target, forged, context=GPU0)
-    xadd(r, target, invented.to_json(), service_signer().sign(invented.to_json().encode()))
-    # 7. A genuinely signed command for another node, copied into this node's mailbox.
+    # 5. A signature taken from a genuine command and pasted onto a forged record.
+    genuine = Issuer(r, service_signer().sign).draft(target, harmless, GPU0)
+    pasted = forge(r, Issuer(r, service_signer().sign).draft(target, forged, GPU0), genuine.delivery.signature)
+    # 6. An entry naming a record that does not exist.
+    invented = new_record_id(target)
+    xadd(r, target, invented)
+    # 7. The entry of a genuinely signed command for another node, copied into this node's mailbox.
     elsewhere = jobs.inject(r, keys.Target("node", "another-node"), forged, GPU0)
-    [(_, entry)] = r.xrange(keys.mailbox(keys.Target("node", "another-node")))
-    xadd(r, target, *jobs.entry_command(r, entry))
+    xadd(r, target, elsewhere)
 
     # A genuine command after them all: once it is applied, every entry before it was read (one cursor).
     after = jobs.inject(r, target, [("restore_power_limit", {})], GPU0)
@@ -229,14 +241,15 @@ def test_forged_commands_are_refused_and_nothing_is_deleted_or_throttled(node_ag
         rec = records.get(r, rid)
         assert rec is not None and rec["status"] == "dispatched"
         assert [a["status"] for a in rec["actions"]] == ["pending", "pending"]  # never claimed as ours
-    assert records.get(r, invented.record_id) is None
+    assert records.get(r, invented) is None
+    assert [r.hget(keys.record(rid), "c") for rid in (straight, pasted)] == [None, None]  # never claimed
     assert [a["status"] for a in records.get(r, elsewhere)["actions"]] == ["pending", "pending"]
-    now = wait_for(lambda: (lambda m: m if m.get("unsigned", 0) - before.get("unsigned", 0) == 2
+    now = wait_for(lambda: (lambda m: m if m.get("unsigned", 0) - before.get("unsigned", 0) == 1
                             and m.get("bad_signature", 0) - before.get("bad_signature", 0) == 3 else None)(
         rejected(http)), "the refusals to show on /metrics")
     assert now.get("replayed", 0) == before.get("replayed", 0)
     log = agent.log()
-    assert log.count("is not signed") == 2 and log.count("does not match a verify key") == 3, log
+    assert log.count("is not signed") == 1 and log.count("does not match a verify key") == 3, log
 
     # The control: the very same forged record, signed by the service's key, is applied. So the records above
     # were complete, and the signature alone held them back. (Protected files survive even this.)
@@ -257,9 +270,7 @@ def test_a_replayed_command_is_not_applied_again_and_is_counted_replayed(node_ag
     before = rejected(http)
     nvml_state.write([dataclasses.replace(g, current_mw=700_000) if g.index == 0 else g
                       for g in nvml_state.gpus().values()])  # someone put it back by hand
-    [(_, entry)] = r.xrange(keys.mailbox(target))
-    r.xadd(keys.mailbox(target), entry)  # the same entry again: it names the record, which holds no command now
-    r.publish(keys.wake_channel(target), "x")
+    xadd(r, target, rid)  # the same entry again: it names the record, which holds no command now
     # A genuine command after it (for the other GPU): once it is acknowledged, the replay was read too.
     after = jobs.inject(r, target, [("restore_power_limit", {})], {"gpu_id": "1"})
     assert wait_record(r, after)["actions"][0]["reason"] == "nothing_to_restore"
@@ -310,15 +321,14 @@ def test_a_training_client_given_a_verify_key_refuses_unsigned_commands(r, redis
     try:
         jobs.wait_until(lambda: r.exists(keys.heartbeat(target)), what="the client's heartbeat")
         before = rejected(http)
-        xadd(r, target, signed_command(target, [("set_lr", {"lr": 5.0})]).to_json(), None)
-        unsigned = Issuer(r, lambda data: "").send(target, [("set_lr", {"lr": 5.0})])
+        unsigned = forge(r, Issuer(r, service_signer().sign).draft(target, [("set_lr", {"lr": 5.0})]), "")
         steps = iter(range(10**6))
-        jobs.wait_until(lambda: rejected(http).get("unsigned", 0) - before.get("unsigned", 0) == 2,
-                        tick=lambda: (rc.poll(step=next(steps)), time.sleep(0.01)), what="two refusals")
+        jobs.wait_until(lambda: rejected(http).get("unsigned", 0) - before.get("unsigned", 0) == 1,
+                        tick=lambda: (rc.poll(step=next(steps)), time.sleep(0.01)), what="the refusal")
         for _ in range(20):
             assert rc.poll(step=next(steps)) == []
         assert lr_of(opt) == 0.1
-        assert records.get(r, unsigned)["actions"][0]["status"] == "pending"
+        assert r.hget(keys.record(unsigned), "c") is None  # never claimed
         # The control: the service's own command gets through to the same client.
         rid = jobs.send(r, JOB, "set_lr", {"lr": 0.05})
         assert jobs.wait_record(r, rid, tick=lambda: rc.poll(step=next(steps)))["status"] == "applied"
@@ -335,7 +345,8 @@ def test_a_training_client_without_a_key_accepts_signed_commands_and_as_document
         rid = jobs.send(r, JOB, "set_lr", {"lr": 0.05})
         assert jobs.wait_record(r, rid, tick=lambda: rc.poll(step=next(steps)))["status"] == "applied"
         assert lr_of(opt) == 0.05
-        unsigned = Issuer(r, lambda data: "").send(keys.Target("job", JOB), [("set_lr", {"lr": 0.02})])
+        unsigned = forge(r, Issuer(r, service_signer().sign).draft(keys.Target("job", JOB),
+                                                                   [("set_lr", {"lr": 0.02})]), "")
         assert jobs.wait_record(r, unsigned, tick=lambda: rc.poll(step=next(steps)))["status"] == "applied"
         assert lr_of(opt) == 0.02  # TRAINMEDIC_VERIFY_KEY is optional for trainers: set it (threat model)
     finally:
@@ -357,21 +368,25 @@ def test_a_forged_ledger_entry_is_not_applied_when_a_verifying_client_resumes(r,
         assert first.lr == pytest.approx(0.05)
     finally:
         first.rc.close()
-    ledger = keys.ledger(keys.Target("job", JOB))
+    job = keys.Target("job", JOB)
+    ledger = keys.ledger(job)
     [genuine] = [json.loads(x) for x in r.lrange(ledger, 0, -1)]
-    other = keys.Target("job", "another-job")
+    issuer = Issuer(r, service_signer().sign)
+    raised, changed, other_key = (issuer.draft(job, [("set_lr", {"lr": lr})]) for lr in (9.0, 8.0, 7.0))
+    elsewhere = jobs.inject(r, keys.Target("job", "another-job"), [("set_lr", {"lr": 3.0})])
     forged = [
-        # no signature at all, for a record that does not exist
-        {"rid": new_record_id(keys.Target("job", JOB)), "index": 0, "action": "set_lr", "params": {"lr": 9.0}},
-        # the genuine entry with its params changed next to the signed bytes
-        {**genuine, "rid": new_record_id(keys.Target("job", JOB)), "params": {"factor": 10.0}},
-        # signed by another key
-        {**genuine, "rid": new_record_id(keys.Target("job", JOB)), "action": "set_lr", "params": {"lr": 7.0},
-         "sig": Signer.from_secret(ATTACKER_KEY).sign(signed_command(keys.Target("job", JOB), [
-             ("set_lr", {"lr": 7.0})]).to_json().encode())},
+        # an entry for a record that does not exist
+        {**genuine, "rid": new_record_id(job)},
+        # a record written straight into Redis, unsigned
+        {**genuine, "rid": forge(r, raised, "", entry=False)},
+        # a record whose steps were changed after the service's key signed them
+        {**genuine, "rid": forge(r, dataclasses.replace(changed, decided=changed.decided.replace("8.0", "80.0")),
+                                 changed.delivery.signature, entry=False)},
+        # a record signed by another key
+        {**genuine, "rid": forge(r, other_key, Signer.from_secret(ATTACKER_KEY).sign(
+            message_of(other_key, other_key.decided)), entry=False)},
         # another job's genuine, signed command (it would set this job's LR to 3.0)
-        {"rid": (o := jobs.inject(r, other, [("set_lr", {"lr": 3.0})])), "index": 0, "action": "set_lr",
-         "params": {"lr": 3.0}, "cmd": r.hget(keys.record(o), "cmd"), "sig": r.hget(keys.record(o), "sig")},
+        {**genuine, "rid": elsewhere},
     ]
     r.rpush(ledger, *[json.dumps(e) for e in forged])
     seen = rejected(http)
@@ -385,7 +400,7 @@ def test_a_forged_ledger_entry_is_not_applied_when_a_verifying_client_resumes(r,
         resumed.rc.close()
     now = rejected(http)
     assert now.get("unsigned", 0) - seen.get("unsigned", 0) == 1
-    assert now.get("bad_signature", 0) - seen.get("bad_signature", 0) == 1
+    assert now.get("bad_signature", 0) - seen.get("bad_signature", 0) == 2
 
 # -- the service: tokens, cross-site writes, Host, page headers
 
@@ -719,7 +734,7 @@ def test_an_applier_given_a_signed_command_with_non_finite_params_fails_the_acti
             def put(text: str, literal: str = literal) -> str:
                 return text.replace('"__X__"', literal)
             rid = Issuer(r, service_signer().sign).send(target, [("set_lr", {"lr": "__X__"})], edit=put)
-            assert literal in r.hget(keys.record(rid), "cmd")
+            assert literal in r.hget(keys.record(rid), "d")
             rec = jobs.wait_record(r, rid, tick=lambda: rc.poll(step=next(steps)))
             [action] = rec["actions"]
             assert (rec["status"], action["status"]) == ("failed", "failed"), rec
@@ -733,8 +748,8 @@ def test_an_applier_given_a_signed_command_with_non_finite_params_fails_the_acti
         for item in items:
             strict_json(requests.get(f"{g.url}/remediations/{item['id']}", timeout=10).text)
         for key in r.scan_iter(match=keys.PREFIX + "*:rec:*"):
-            for value in r.hgetall(key).values():
-                if value[:1] in ("[", "{"):
+            for name, value in r.hgetall(key).items():
+                if value[:1] in ("[", "{") and name != "d":  # `d` holds the bytes this test had signed
                     strict_json(value)
     finally:
         rc.close()

@@ -23,7 +23,8 @@ DURATION = "(use e.g. 30s, 10m, 1h30m, 7d; at most three terms and 3650d in all)
 # Variables only the service reads, each with a value it refuses.
 BAD_SERVICE_VALUES = {"TRAINMEDIC_REQUEST_DEADLINE": "abc", "TRAINMEDIC_HISTORY_MAX": "0",
                       "TRAINMEDIC_REDIS_FSYNC": "sometimes", "TRAINMEDIC_PUBLIC_URL": "ftp://x",
-                      "TRAINMEDIC_HANG_AFTER": "soon", "TRAINMEDIC_WEBHOOK_TOKEN_FILE": "/nonexistent/token"}
+                      "TRAINMEDIC_HANG_AFTER": "soon", "TRAINMEDIC_WEBHOOK_TOKEN_FILE": "/nonexistent/token",
+                      "TRAINMEDIC_WORKER_BUFFER": "1"}
 
 
 def names(cls: type) -> set[str]:
@@ -37,7 +38,7 @@ def test_the_clients_settings_are_only_what_training_jobs_and_node_agents_read()
     assert {"webhook_token", "operator_token", "operator_tokens_file", "read_token", "allowed_hosts", "public_url",
             "alertmanager_urls", "alertmanager_trust_after", "prometheus_url", "notify_url", "history_max",
             "hang_after", "redis_fsync", "resync_after", "url", "bind", "workers", "threads", "request_deadline",
-            "data_dir", "playbooks"} == names(ServiceSettings) - CLIENT_FIELDS
+            "worker_buffer", "data_dir", "playbooks"} == names(ServiceSettings) - CLIENT_FIELDS
 
 
 def test_unset_variables_give_the_documented_defaults() -> None:
@@ -48,6 +49,7 @@ def test_unset_variables_give_the_documented_defaults() -> None:
                                                                          2, 4, 5.0)
     assert (s.history_max, s.alertmanager_trust_after, s.hang_after, s.resync_after) == (1_000_000, 120.0, 600.0,
                                                                                          300.0)
+    assert s.worker_buffer == 32 * 1024 * 1024
     assert (s.redis_fsync, s.log_level, s.dry_run, s.verify_keys, s.allowed_hosts) == ("everysec", "info", False,
                                                                                         (), ())
 
@@ -64,7 +66,8 @@ def test_every_variable_is_read_into_its_field(tmp_path: Path) -> None:
            "TRAINMEDIC_NOTIFY_URL": "https://hooks.example/x", "TRAINMEDIC_HISTORY_MAX": "50",
            "TRAINMEDIC_HANG_AFTER": "5m", "TRAINMEDIC_REDIS_FSYNC": "ALWAYS", "TRAINMEDIC_RESYNC_AFTER": "90",
            "TRAINMEDIC_URL": "http://svc:9095/", "TRAINMEDIC_BIND": "0.0.0.0:80", "TRAINMEDIC_WORKERS": "8",
-           "TRAINMEDIC_THREADS": "16", "TRAINMEDIC_REQUEST_DEADLINE": "2.5", "TRAINMEDIC_DATA_DIR": "/var/tm"}
+           "TRAINMEDIC_THREADS": "16", "TRAINMEDIC_REQUEST_DEADLINE": "2.5", "TRAINMEDIC_WORKER_BUFFER": "64",
+           "TRAINMEDIC_DATA_DIR": "/var/tm"}
     client = Settings.from_env(env)
     assert client == Settings(redis_url="redis://h:6379/0", signing_key=SIGNING_KEY, verify_keys=("a", "b"),
                               dry_run=True, job="llama", log_level="debug")
@@ -75,7 +78,7 @@ def test_every_variable_is_read_into_its_field(tmp_path: Path) -> None:
         alertmanager_urls=("http://a:9093", "http://b"), alertmanager_trust_after=30.0,
         prometheus_url="http://p:9090", notify_url="https://hooks.example/x", history_max=50, hang_after=300.0,
         redis_fsync="always", resync_after=90.0, url="http://svc:9095", bind="0.0.0.0:80", workers=8, threads=16,
-        request_deadline=2.5, data_dir="/var/tm")
+        request_deadline=2.5, worker_buffer=64 * 1024 * 1024, data_dir="/var/tm")
 
 
 @pytest.mark.parametrize("variable, value, sentence", [
@@ -103,6 +106,9 @@ def test_a_client_setting_that_cannot_be_used_is_one_sentence_on_both_sides(vari
     ("TRAINMEDIC_REQUEST_DEADLINE", "301", "TRAINMEDIC_REQUEST_DEADLINE must be a number of seconds above 0 and "
                                            "at most 300, not '301'"),
     ("TRAINMEDIC_HISTORY_MAX", "0", "TRAINMEDIC_HISTORY_MAX must be a whole number of at least 1, not '0'"),
+    ("TRAINMEDIC_WORKER_BUFFER", "1", "TRAINMEDIC_WORKER_BUFFER must be a whole number of MiB of at least 2, not '1'"),
+    ("TRAINMEDIC_WORKER_BUFFER", "32MiB", "TRAINMEDIC_WORKER_BUFFER must be a whole number of MiB of at least 2, "
+                                          "not '32MiB'"),
     ("TRAINMEDIC_WORKERS", "two", "TRAINMEDIC_WORKERS must be a whole number of at least 1, not 'two'"),
     ("TRAINMEDIC_REDIS_FSYNC", "never", "TRAINMEDIC_REDIS_FSYNC must be everysec or always, not 'never'"),
     ("TRAINMEDIC_HANG_AFTER", "0s", f"TRAINMEDIC_HANG_AFTER must be a positive duration {DURATION}, not '0s'"),

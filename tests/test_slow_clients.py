@@ -22,43 +22,12 @@ from trainmedic.client.wire import keys
 from trainmedic.service.settings import ServiceSettings
 
 from tests.conftest import AUTH, TOKEN, load_fixture
+from tests.support.raw_http import closed_after, read_response
 
 MiB = 1024 * 1024
 STALLED_BODY = (f"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
                 "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode() + b'{"alerts":'
 PARTIAL_HEADERS = b"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty"
-
-
-def _response(sock: socket.socket, buf: bytearray) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response read off sock (bytes after it stay in buf): status, headers, body."""
-    while b"\r\n\r\n" not in buf:
-        data = sock.recv(65536)
-        assert data, f"the connection closed before a whole response: {bytes(buf)!r}"
-        buf += data
-    head, _, _ = bytes(buf).partition(b"\r\n\r\n")
-    del buf[:len(head) + 4]
-    lines = head.decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(buf) < length:
-        data = sock.recv(65536)
-        assert data, "the connection closed inside a response body"
-        buf += data
-    body = bytes(buf[:length])
-    del buf[:length]
-    return int(lines[0].split()[1]), headers, body
-
-
-def _closed_after(sock: socket.socket, limit: float) -> tuple[float, bytes]:
-    """Seconds until the server closed sock (at most limit), and what it sent before closing."""
-    start, got = time.monotonic(), b""
-    sock.settimeout(limit)
-    try:
-        while data := sock.recv(65536):
-            got += data
-    except (TimeoutError, ConnectionResetError):
-        pass
-    return time.monotonic() - start, got
 
 
 def _chunked(data: bytes, size: int = 64 * 1024) -> Any:
@@ -159,12 +128,12 @@ def test_a_request_trickling_in_is_closed_at_its_total_deadline(gunicorn: Any) -
             break
         except TimeoutError:
             pass
-    got += _closed_after(trickle, 5)[1]
+    got += closed_after(trickle, 5)[1]
     assert time.monotonic() - t0 < 3.5
     assert got.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
     assert json.loads(got.partition(b"\r\n\r\n")[2]) == {"error": "the request did not arrive within 2 seconds"}
     # A connection that never sends a byte is closed at the same deadline, without an answer.
-    assert _closed_after(idle, 5)[1] == b"" and time.monotonic() - t0 < 3.5
+    assert closed_after(idle, 5)[1] == b"" and time.monotonic() - t0 < 3.5
     assert requests.get(g.url + "/healthz", timeout=2).ok
 
 
@@ -179,7 +148,7 @@ def test_a_chunked_body_over_1_mib_is_refused_413_and_records_nothing(gunicorn: 
     # With a Content-Length over the limit, the answer comes before the body is sent.
     with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
         sock.sendall(f"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {2 * MiB}\r\n\r\n".encode())
-        status, _, body = _response(sock, bytearray())
+        status, _, body = read_response(sock, bytearray())
         assert status == 413 and json.loads(body)["error"] == "the body is larger than 1024 KiB"
     # The same alert, chunked and under 1 MiB (900 KiB of it padding), is taken: it is new, so nothing was
     # recorded from the refused one.
@@ -200,27 +169,27 @@ def test_keep_alive_pipelining_and_100_continue_still_work(gunicorn: Any) -> Non
         buf = bytearray()
         for _ in range(3):  # one connection, one request after another
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            assert _response(sock, buf)[0] == 200
+            assert read_response(sock, buf)[0] == 200
         # Three requests in one write, the webhook's among them; three answers, in order.
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + post + b"\r\n" + group
                      + b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert _response(sock, buf)[0] == 200
-        status, _, body = _response(sock, buf)
+        assert read_response(sock, buf)[0] == 200
+        status, _, body = read_response(sock, buf)
         assert status == 200 and json.loads(body)["alerts"] == len(json.loads(group)["alerts"])
-        assert _response(sock, buf)[0] == 200
+        assert read_response(sock, buf)[0] == 200
         # Expect: 100-continue: the go-ahead comes before the body is sent, the answer after.
         sock.sendall(post + b"Expect: 100-continue\r\n\r\n")
-        assert _response(sock, buf)[0] == 100
+        assert read_response(sock, buf)[0] == 100
         sock.sendall(group)
-        status, _, body = _response(sock, buf)
+        status, _, body = read_response(sock, buf)
         assert status == 200 and json.loads(body)["duplicates"] == len(json.loads(group)["alerts"])
         assert buf == b""
     # An idle kept-alive connection is closed after gunicorn's keepalive (5 s), without an answer.
     with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         buf = bytearray()
-        assert _response(sock, buf)[0] == 200
-        waited, got = _closed_after(sock, 8)
+        assert read_response(sock, buf)[0] == 200
+        waited, got = closed_after(sock, 8)
         assert got == b"" and 4 < waited < 7
     # http.client (as Alertmanager's client does) sends request after request on one connection.
     client = http.client.HTTPConnection("127.0.0.1", g.port, timeout=5)

@@ -464,3 +464,70 @@ def test_an_sbatch_job_whose_client_names_itself_from_slurm_shows_up_under_that_
         assert time.monotonic() < deadline, slurm.job_output(job)
         time.sleep(0.2)
     assert slurm.wait_job(job, ("COMPLETED", "FAILED")) == "COMPLETED", slurm.job_output(job)
+
+
+# -- which scheduler an agent uses when it is not told: Slurm only when its controller answers
+
+
+def unreachable_controller(slurm: SlurmCluster, where: Path) -> Path:
+    """The cluster's slurm.conf, with slurmctld "moved" to a port where nothing listens."""
+    lines = [line for line in slurm.conf.read_text().splitlines() if not line.startswith("SlurmctldPort=")]
+    where.write_text("\n".join([*lines, f"SlurmctldPort={free_port()}", "MessageTimeout=2", ""]))
+    return where
+
+
+def test_an_agent_with_scontrol_but_no_controller_has_no_scheduler_and_says_why(
+        slurm: SlurmCluster, app: Any, http: Any, r: Any, redis_url: str, tmp_path: Path) -> None:
+    from tests.conftest import post_json
+    from tests.support.nvml import AgentProcess, wait_record
+
+    conf = unreachable_controller(slurm, tmp_path / "slurm.conf")
+    agent = AgentProcess(NODE, redis_url, tmp_path / "agent.log", env={"SLURM_CONF": str(conf)})
+    try:
+        info = agent.wait_ready(r)
+        assert info["scheduler"] == "none" and not {"drain_node", "resume_node"} & set(info["actions"])
+        reason = info["scheduler_reason"]
+        assert reason.startswith("scontrol ping: Slurmctld(primary) at ") and reason.endswith(" is DOWN"), reason
+        [listed] = [t for t in http.get("/targets").get_json()["targets"] if t["name"] == NODE]
+        assert (listed["scheduler"], listed["scheduler_reason"]) == ("none", info["scheduler_reason"])
+        assert "scheduler: none (scontrol ping: " in agent.log()
+        # The approved XID record drains nothing and fails nothing: its optional drain is skipped.
+        [held] = post_json(http, "/webhook", xid("firing")).get_json()["remediations"]
+        assert post_json(http, f"/remediations/{held['id']}/approve", {}).status_code == 200
+        rec = wait_ticking(app, r, held["id"])
+        assert [(a["action"], a["status"], a["reason"]) for a in rec["actions"]] == [
+            ("checkpoint_jobs", "skipped", "no_jobs"), ("drain_node", "skipped", "unsupported")]
+        assert rec["status"] == "skipped"
+        [undo] = post_json(http, "/webhook", xid("resolved")).get_json()["remediations"]
+        rec = wait_record(r, undo["id"], timeout=30)
+        assert [(a["action"], a["status"], a["reason"]) for a in rec["actions"]] == [
+            ("resume_node", "skipped", "unsupported")]
+        assert slurm.node_state() == "IDLE"
+    finally:
+        agent.stop()
+
+
+def test_an_agent_whose_slurm_controller_answers_drains_through_it_unasked(
+        slurm: SlurmCluster, r: Any, redis_url: str, tmp_path: Path) -> None:
+    from tests.support.nvml import AgentProcess
+
+    agent = AgentProcess(NODE, redis_url, tmp_path / "agent.log", env={"SLURM_CONF": str(slurm.conf)})
+    try:
+        info = agent.wait_ready(r)
+        assert info["scheduler"] == "slurm" and "scheduler_reason" not in info
+        assert {"drain_node", "resume_node"} <= set(info["actions"])
+    finally:
+        agent.stop()
+
+
+def test_an_agent_told_no_scheduler_says_so(slurm: SlurmCluster, r: Any, redis_url: str, tmp_path: Path) -> None:
+    from tests.support.nvml import AgentProcess
+
+    agent = AgentProcess(NODE, redis_url, tmp_path / "agent.log", env={"SLURM_CONF": str(slurm.conf)},
+                         args=["--scheduler", "none"])
+    try:
+        info = agent.wait_ready(r)
+        assert (info["scheduler"], info["scheduler_reason"]) == ("none", "--scheduler none")
+        assert "drain_node" not in info["actions"]
+    finally:
+        agent.stop()

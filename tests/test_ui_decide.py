@@ -94,9 +94,8 @@ def test_a_person_logs_in_once_then_approves_and_rejects_as_themselves(held: tup
 
 
 @pytest.mark.parametrize("reads", ["open", "closed"])
-def test_a_link_from_another_site_lands_on_the_record_still_logged_in(held: tuple[Server, list[str]], reads: str,
-                                                                      make_app: Any, browser: Browser,
-                                                                      tmp_path: Path) -> None:
+def test_a_link_from_another_site_lands_on_the_record_still_logged_in_or_at_the_login_form_at_once(
+        held: tuple[Server, list[str]], reads: str, make_app: Any, browser: Browser, tmp_path: Path) -> None:
     server, (first, _) = held
     if reads == "closed":  # the same service, with reads needing a token
         server = Server(make_app(playbooks=str(tmp_path / "pb.yaml"), read_token="read-token-" + "7" * 24,
@@ -123,7 +122,28 @@ def test_a_link_from_another_site_lands_on_the_record_still_logged_in(held: tupl
         page.wait_for_url(f"{url}/records/{first}", timeout=10_000)
         expect(page.locator("header form.who")).to_contain_text("alice")
         expect(page.locator(".decide .approve")).to_be_visible()
-        assert ctx.cookies() == [before]  # the login it arrived without was kept, not replaced
+        # The login it arrived without was kept, not replaced.
+        assert [c for c in ctx.cookies() if c["name"] == "trainmedic_session"] == [before]
+        # Someone not logged in gets the login form at once (reads closed), or the page (reads open): one
+        # navigation, no page in between; logging in there lands on the record.
+        stranger = browser.new_context()
+        fresh = stranger.new_page()
+        fresh.goto(f"http://127.0.0.1:{chat.server_port}/")
+        loads: list[str] = []
+        fresh.on("load", lambda: loads.append(fresh.url))
+        fresh.locator("#link").click()
+        if reads == "closed":
+            fresh.wait_for_url(f"{url}/login?next=/records/{first}")
+            expect(fresh.locator("#login input[name=token]")).to_be_visible()
+            fresh.locator("#login input[name=token]").fill(ALICE)
+            fresh.locator("#login button").click()
+        else:
+            fresh.wait_for_url(f"{url}/records/{first}")
+            log_in(fresh, ALICE)
+        fresh.wait_for_url(f"{url}/records/{first}")
+        expect(fresh.locator("header form.who")).to_contain_text("alice")
+        assert loads[0] == (f"{url}/login?next=/records/{first}" if reads == "closed" else f"{url}/records/{first}")
+        stranger.close()
     finally:
         chat.shutdown()
         chat.server_close()

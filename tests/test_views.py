@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import pytest
 
-from trainmedic.client.wire.views import TIME, View, schema_of, view
+from trainmedic.service.store.schema import TIME, View, schema_of, view
 
 
 class Color(StrEnum):

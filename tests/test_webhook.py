@@ -8,8 +8,8 @@ from datetime import datetime
 import pytest
 
 from trainmedic.client.receiver.mailbox import Mailbox
-from trainmedic.client.wire import keys, records
-from trainmedic.client.wire.protocol import Command
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 
 from tests.conftest import AUTH, TOKEN, load_fixture, post_json
 from tests.support.jobs import entry_command, episode
@@ -29,7 +29,7 @@ def test_a_firing_alert_is_recorded_and_dispatched(http, r) -> None:
     [rem] = resp.json["remediations"]
     assert rem["status"] == "dispatched" and rem["playbook"] == "loss-spike"
     [(_, fields)] = mailbox(r, "job", "llama-ft-01")
-    cmd = Command.from_json(entry_command(r, fields)[0])
+    cmd = entry_command(r, keys.Target("job", "llama-ft-01"), fields)[0]
     assert cmd.record_id == rem["id"]
     assert [a.action for a in cmd.actions] == ["rollback_checkpoint", "scale_lr"]
     assert cmd.actions[1].params == {"factor": 0.5, "min_lr": 1e-7}
@@ -39,45 +39,53 @@ def test_a_firing_alert_is_recorded_and_dispatched(http, r) -> None:
     assert [a["status"] for a in rec["actions"]] == ["pending", "pending"]
 
 
-def test_a_record_keeps_no_field_its_id_holds_and_reads_the_same(http, r) -> None:
+def test_a_record_is_what_was_decided_in_one_value_and_what_changes_beside_it(http, r) -> None:
     Mailbox(r, keys.Target("job", "llama-ft-01")).heartbeat({"kind": "job", "pid": 42, "step": 7})  # no reason
     [rem] = post_json(http, "/webhook", load_fixture("firing_single.json")).json["remediations"]
     stored = r.hgetall(keys.record(rem["id"]))
-    # id, target and created_at come from the record's id and created_ms; empty detail, context and reason
-    # are left out: bytes a million records would hold for nothing.
-    assert not {"id", "target", "created_at", "detail", "context", "reason"} & set(stored)
-    # Nor what holds the usual value (mode firing, requested by the webhook), what only a hold needs (its
-    # expire_after) or what the record's fields give (the applier's fence: the command carries it).
-    assert not {"mode", "requested_by", "expire_after", "fence"} & set(stored)
-    # Nor the episode's start when it is the alert's startsAt to the second.
+    # What was decided, its seal, and what a dispatched record has that changes later; nothing its id holds
+    # (id, target, created_at), nothing empty (detail, context, reason), no second copy of the command.
+    assert set(stored) == {"d", "seal", "status", "as", "exp", "sig", "v", "f"}
+    assert stored["as"] == "PP" and stored["status"] == "dispatched"
+    decided = json.loads(stored["d"])
+    # Nor what holds the usual value (mode firing, requested by the webhook, no context, the episode's start as
+    # the alert's startsAt to the second).
+    assert set(decided) == {"p", "a", "s", "x"} and decided["p"] == "loss-spike" and decided["x"] == 3600
+    assert decided["s"] == [["rollback_checkpoint", {}, {"o": True}], ["scale_lr", {"factor": 0.5, "min_lr": 1e-07}]]
     sent = load_fixture("firing_single.json")["alerts"][0]
-    assert "start" not in stored and sent["startsAt"] == "2026-11-22T01:25:24.115697517Z"
-    assert records.start_of(stored) == "2026-11-22T01:25:24Z"
+    assert sent["startsAt"] == "2026-11-22T01:25:24.115697517Z"
+    rec = records.load(r, rem["id"])
+    assert rec is not None and rec.start == "2026-11-22T01:25:24Z"
     [(_, entry)] = mailbox(r, "job", "llama-ft-01")
     fence = f"{sent['fingerprint']}|2026-11-22T01:25:24Z|loss-spike|0|firing"
-    sent_fence = Command.from_json(entry_command(r, entry)[0]).fence
-    assert sent_fence == fence == records.fence_of(records.stored(r, rem["id"]))
+    assert entry_command(r, keys.Target("job", "llama-ft-01"), entry)[0].fence == fence == rec.fence
     shown = http.get(f"/remediations/{rem['id']}").json
     assert shown["id"] == rem["id"] and shown["target"] == {"kind": "job", "name": "llama-ft-01"}
     made = datetime.fromisoformat(shown["created_at"].replace("Z", "+00:00")).timestamp()
-    assert round(made * 1000) == int(stored["created_ms"]) and shown["created_at"].endswith("Z")
+    assert abs(made - rec.created_ms / 1000) < 0.001 and shown["created_at"].endswith("Z")
     assert shown["reason"] is None and "detail" not in shown and shown["requested_by"] == "webhook"
     assert "on_resolved" not in shown
     # The alert leaves out Alertmanager's "not ended" time, truncated: false, a firing alert's status and the
     # alertname label.
-    assert not {"ends_at", "truncated", "status"} & set(json.loads(stored["alert"]))
+    assert not {"ends_at", "truncated", "status"} & set(decided["a"])
     assert shown["alert"]["status"] == "firing"
-    assert "alertname" not in json.loads(stored["alert"])["labels"]
+    assert "alertname" not in decided["a"]["labels"]
     assert shown["alert"]["labels"] == sent["labels"] and shown["alert"]["ends_at"] == sent["endsAt"]
     assert shown["alert"]["truncated"] is False and shown["alert"]["alertname"] == sent["labels"]["alertname"]
-    # A record written before (every field stored) reads exactly as it did.
-    r.hset(keys.record(rem["id"]), mapping={"id": rem["id"], "target": json.dumps(shown["target"]),
-                                            "created_at": shown["created_at"], "detail": "", "context": "{}",
-                                            "alert": json.dumps(shown["alert"]), "mode": "firing",
-                                            "requested_by": "webhook", "fence": fence, "expire_after": 3600,
-                                            "start": "2026-11-22T01:25:24Z"})
+    # A record an earlier version wrote (every decided value in a field of its own) reads exactly as it did.
+    earlier = {"id": rem["id"], "target": json.dumps(shown["target"]), "created_at": shown["created_at"],
+               "created_ms": rec.created_ms, "detail": "", "context": "{}", "alert": json.dumps(shown["alert"]),
+               "mode": "firing", "requested_by": "webhook", "fence": fence, "expire_after": 3600,
+               "start": "2026-11-22T01:25:24Z", "playbook": "loss-spike", "n": 2, "status": "dispatched",
+               "verify_ms": stored["v"], "follow": "1", "expires_ms": stored["exp"],
+               "a:0:spec": json.dumps({"action": "rollback_checkpoint", "params": {}, "optional": True}),
+               "a:1:spec": json.dumps({"action": "scale_lr", "params": {"factor": 0.5, "min_lr": 1e-07}}),
+               "a:0:status": "pending", "a:1:status": "pending"}
+    r.delete(keys.record(rem["id"]))
+    r.hset(keys.record(rem["id"]), mapping=earlier)
     assert http.get(f"/remediations/{rem['id']}").json == shown
-    assert records.fence_of(records.stored(r, rem["id"])) == fence
+    earlier_rec = records.load(r, rem["id"])
+    assert earlier_rec is not None and earlier_rec.fence == fence
 
 
 def test_a_cooldown_skip_and_its_episode_keep_only_what_they_need(http, r) -> None:
@@ -87,10 +95,9 @@ def test_a_cooldown_skip_and_its_episode_keep_only_what_they_need(http, r) -> No
     [skip] = post_json(http, "/webhook", body).json["remediations"]
     assert (skip["status"], skip["reason"]) == ("skipped", "cooldown")
     stored = r.hgetall(keys.record(skip["id"]))
-    # A skip nobody follows gets no outcome: no verify time; nor anything only a dispatch or a hold needs.
-    assert not {"verify_ms", "expire_after", "fence", "mode", "requested_by", "cmd", "sig", "start"} & set(stored)
-    # Its actions are all skipped: the record says so once, not once an action.
-    assert not [f for f in stored if f.endswith(":status")]
+    # A skip nobody follows gets no outcome (no verify time), nor anything only a dispatch or a hold needs; its
+    # actions are all skipped: the record says so once (its status), not once an action.
+    assert set(stored) == {"d", "seal", "status", "reason"}
     shown = http.get(f"/remediations/{skip['id']}").json
     assert shown["requested_by"] == "webhook" and shown["outcome"] is None
     assert [a["status"] for a in shown["actions"]] == ["skipped"] * len(shown["actions"])
@@ -129,8 +136,8 @@ def test_each_grouped_alert_goes_to_its_own_node(http, r) -> None:
     assert {x["status"] for x in resp.json["remediations"]} == {"dispatched"}
     [(_, a)] = mailbox(r, "node", "gpu-node-01")
     [(_, b)] = mailbox(r, "node", "gpu-node-02")
-    assert Command.from_json(entry_command(r, a)[0]).context == {"gpu_id": "0"}
-    assert Command.from_json(entry_command(r, b)[0]).context == {"gpu_id": "3"}
+    assert entry_command(r, keys.Target("node", "gpu-node-01"), a)[0].context == {"gpu_id": "0"}
+    assert entry_command(r, keys.Target("node", "gpu-node-02"), b)[0].context == {"gpu_id": "3"}
 
 
 def test_a_resolved_alert_runs_only_on_resolved(http, r) -> None:
@@ -143,7 +150,8 @@ def test_a_resolved_alert_runs_only_on_resolved(http, r) -> None:
     resp = post_json(http, "/webhook", resolved)
     assert [x["status"] for x in resp.json["remediations"]] == ["dispatched", "dispatched"]
     entries = mailbox(r, "node", "gpu-node-01")
-    assert [a.action for a in Command.from_json(entry_command(r, entries[-1][1])[0]).actions] == ["restore_power_limit"]
+    assert [a.action for a in entry_command(r, keys.Target("node", "gpu-node-01"), entries[-1][1])[0].actions] == [
+        "restore_power_limit"]
     # A second resolved notification (an HA peer) runs nothing more.
     assert post_json(http, "/webhook", resolved).json["remediations"] == []
     assert len(mailbox(r, "node", "gpu-node-01")) == 2

@@ -9,13 +9,14 @@ from collections.abc import Sequence
 
 from ..wire.signing import Verifier
 from .daemon import Agent
+from .scheduler import NONE as NO_SCHEDULER, Scheduler
 
 __all__ = ["Agent", "run_agent"]
 
 
 def run_agent(node: str, url: str, allow_roots: Sequence[str | os.PathLike[str]] = (), dry_run: bool = False, *,
-              state_dir: str | os.PathLike[str], verifier: Verifier | None, scheduler: str = "none",
-              slurm_node: str | None = None) -> int:
+              state_dir: str | os.PathLike[str], verifier: Verifier | None,
+              scheduler: Scheduler = NO_SCHEDULER, slurm_node: str | None = None) -> int:
     """Run the agent until SIGTERM or SIGINT; raises ValueError (one sentence) for a bad node, root or state dir."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s trainmedic-agent %(levelname)s %(message)s")

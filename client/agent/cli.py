@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ def add(sub: Any) -> None:
     a.add_argument("--state-dir", help="where the agent keeps what it applied (default /var/lib/trainmedic "
                                        "when writable, else $XDG_STATE_HOME/trainmedic)")
     a.add_argument("--scheduler", choices=("slurm", "none"), default=None,
-                   help="drain and resume through this scheduler (default: slurm when scontrol is on PATH)")
+                   help="drain and resume through this scheduler (default: slurm when `scontrol ping` finds a "
+                        "controller UP)")
     a.add_argument("--slurm-node", help="the node's Slurm name when it differs from --node")
     a.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
     a.add_argument("--insecure-unsigned", action="store_true",
@@ -63,8 +63,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if verifier is None and not args.insecure_unsigned:
         raise CliError("the agent needs TRAINMEDIC_VERIFY_KEY (or _FILE) to check commands' signatures; "
                        "`trainmedic serve` prints it (use --insecure-unsigned only for a throwaway test)")
-    scheduler = args.scheduler or ("slurm" if shutil.which("scontrol") else "none")
     from . import run_agent
+    from .scheduler import choose
+
+    scheduler = choose(args.scheduler)
 
     try:
         return run_agent(args.node, url, args.allow_root, dry_run=args.dry_run or settings.dry_run,

@@ -19,6 +19,7 @@ from ..wire.redis import connect
 from ..wire.signing import Verifier
 from . import disk
 from .nvml import PowerLimiter, inventory
+from .scheduler import NONE as NO_SCHEDULER, Scheduler
 from .slurm import SlurmNode
 from .state import Drains, NodeState
 
@@ -30,7 +31,8 @@ class Agent:
 
     def __init__(self, node: str, url: str, allow_roots: Sequence[str | os.PathLike[str]] = (), dry_run: bool = False,
                  heartbeat_interval: float = 5.0, *, state_dir: str | os.PathLike[str],
-                 verifier: Verifier | None = None, scheduler: str = "none", slurm_node: str | None = None):
+                 verifier: Verifier | None = None, scheduler: Scheduler = NO_SCHEDULER,
+                 slurm_node: str | None = None):
         if not keys.TARGET_NAME_RE.match(node):
             raise ValueError("the node name must be 1 to 128 letters, digits or _.:@-")
         self.node = node
@@ -52,7 +54,7 @@ class Agent:
         self.applier.register("power_limit", lambda inv: self.power.throttle(inv.typed, inv.context, self.dry_run))
         self.applier.register("restore_power_limit", lambda inv: self.power.restore(inv.context, self.dry_run))
         self.applier.register("disk_cleanup", self._disk_cleanup)
-        if scheduler == "slurm":
+        if scheduler.name == "slurm":
             # Without a scheduler these stay unregistered: unsupported, and not in the heartbeat's actions.
             self.slurm = SlurmNode(self.slurm_node)
             drains = Drains(self.state)
@@ -72,7 +74,9 @@ class Agent:
     def _info(self) -> dict[str, Any]:
         info = {"kind": "node", "name": self.node, "host": socket.gethostname(), "pid": os.getpid(),
                 "gpus": self.gpus, "allow_roots": [r.path for r in self.roots], "dry_run": self.dry_run,
-                "actions": self.applier.actions(), "signed": self.signed, "scheduler": self.scheduler}
+                "actions": self.applier.actions(), "signed": self.signed, "scheduler": self.scheduler.name}
+        if self.scheduler.reason:  # why drain_node and resume_node are not among its actions
+            info["scheduler_reason"] = self.scheduler.reason
         if self.nvml_problem:
             info["nvml"] = self.nvml_problem
         return info
@@ -101,9 +105,11 @@ class Agent:
     def serve(self) -> None:
         """Apply commands as they arrive until stop() is called."""
         self.inbox.start()
-        log.info("agent for node %s up (gpus: %d%s, allow-roots: %s%s%s)", self.node, len(self.gpus),
+        log.info("agent for node %s up (gpus: %d%s, allow-roots: %s, scheduler: %s%s%s)", self.node, len(self.gpus),
                  f", NVML: {self.nvml_problem.rstrip('.')}" if self.nvml_problem else "",
-                 ", ".join(r.path for r in self.roots) or "none", ", dry run" if self.dry_run else "",
+                 ", ".join(r.path for r in self.roots) or "none",
+                 self.scheduler.name + (f" ({self.scheduler.reason})" if self.scheduler.reason else ""),
+                 ", dry run" if self.dry_run else "",
                  "" if self.signed else ", UNSIGNED commands accepted (--insecure-unsigned)")
         try:
             while not self._stop.is_set():

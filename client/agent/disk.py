@@ -5,6 +5,9 @@ or that sits below a folder other users may write, is refused, and later swaps o
 change nothing. Below a root, nothing is followed through a link, and no path with a component matching a
 `protect` pattern (best*, *final*, *.json, ... and the playbook's own) is ever deleted.
 
+The newest checkpoint of each run folder whose manifest's files are all present with their sizes (no hashing
+here) stays, whatever `keep_last` says: a run whose newer checkpoints were cut short keeps one it can resume from.
+
 The result says what happened on disk: `deleted` lists only paths that are gone, `pruned` the checkpoint
 folders that stay because they hold protected entries (with what stayed), and `bytes_freed` counts only the data
 whose last link went: a file whose data keeps another hard link (in or outside the roots) frees nothing.
@@ -18,10 +21,10 @@ import re
 import stat
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Sequence
 
+from .. import manifest
 from ..receiver.applier import ActionFailed
 from ..wire.actions import DiskCleanup
 
@@ -31,7 +34,10 @@ log = logging.getLogger("trainmedic.agent")
 RECENT_SECONDS = 60.0
 # Paths listed in a result (the record stays small); the counts are always complete.
 LIST_CAP = 200
+# Why the newest whole checkpoint of a run stays (in the result's left_alone).
+WHOLE = "the newest whole checkpoint of its run (its manifest's files are all present with their sizes)"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -144,15 +150,6 @@ def pin_roots(roots: Iterable[str | os.PathLike[str]]) -> list[AllowRoot]:
     # A root inside another root would be walked twice.
     unique = sorted(pinned)
     return [pinned[r] for r in unique if not any(r != o and r.startswith(o.rstrip(os.sep) + os.sep) for o in unique)]
-
-
-def check_roots(roots: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The allow-roots made absolute, checked as pin_roots does (for `trainmedic agent`'s start)."""
-    out = []
-    for root in pin_roots(roots):
-        os.close(root.fd)
-        out.append(Path(root.path))
-    return out
 
 
 def _live(roots: Sequence[AllowRoot]) -> list[AllowRoot]:
@@ -268,8 +265,47 @@ def _scan(root: AllowRoot, patterns: Sequence[str], protect: Sequence[str], repo
     return out
 
 
+def _size_at(dir_fd: int, rel: str) -> int | None:
+    """The size of the regular file at `rel` below a folder, reached without following any link."""
+    *folders, name = rel.split("/")
+    fd = os.dup(dir_fd)
+    try:
+        for part in folders:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def _whole(c: Candidate) -> bool:
+    """Whether the candidate's manifest (inside a folder, beside a file) lists files all present with their
+    sizes; a manifest that does not parse, or a link on the way, says no."""
+    try:
+        parent = _open_parent(c)
+    except OSError:
+        return False
+    try:
+        name = c.parts[-1]
+        base = os.open(name, _DIR_FLAGS, dir_fd=parent) if c.is_dir else os.dup(parent)
+        try:
+            with os.fdopen(os.open(manifest.MANIFEST if c.is_dir else manifest.beside(name), _FILE_FLAGS,
+                                   dir_fd=base), "rb") as f:
+                m = manifest.parse(f.read(manifest.MAX_BYTES), None if c.is_dir else name)
+            return all(_size_at(base, e.path) == e.size for e in m.files)
+        finally:
+            os.close(base)
+    except (OSError, manifest.ManifestError):
+        return False
+    finally:
+        os.close(parent)
+
+
 def _select(cands: list[Candidate], params: DiskCleanup, now: float, report: Report) -> list[Candidate]:
-    """The candidates that may go: not among the newest keep_last of their run, old enough, not being written."""
+    """The candidates that may go: not among the newest keep_last of their run, old enough, not being written,
+    and not the run's newest whole checkpoint."""
     runs: dict[tuple[str, tuple[str, ...]], list[Candidate]] = {}
     for c in cands:
         runs.setdefault(c.run, []).append(c)
@@ -277,12 +313,22 @@ def _select(cands: list[Candidate], params: DiskCleanup, now: float, report: Rep
     for members in runs.values():
         members.sort(key=lambda c: (c.mtime, _natural(c.parts[-1])), reverse=True)
         report.kept += min(len(members), params.keep_last)
+        # The run's newest whole checkpoint: manifests are read only once a checkpoint would go.
+        newest_whole: Candidate | None = None
+        looked = False
         for c in members[params.keep_last:]:
             age = now - c.mtime
             if age < RECENT_SECONDS:
                 report.left_alone.append({"path": c.path, "reason": "modified in the last minute"})
-            elif age < params.older_than:
+                continue
+            if age < params.older_than:
                 report.kept += 1
+                continue
+            if not looked:
+                newest_whole, looked = next((m for m in members if _whole(m)), None), True
+            if c is newest_whole:
+                report.kept += 1
+                report.left_alone.append({"path": c.path, "reason": WHOLE})
             else:
                 doomed.append(c)
     doomed.sort(key=lambda c: (c.mtime, c.path))  # oldest first, so a byte cap spares the newer ones

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..receiver.applier import ActionFailed, ActionSkipped
 from ..wire.keys import RECORD_ID_RE, TARGET_NAME_RE
 
-REASON_MAX = 200  # characters of the playbook's reason kept (the contract's limit)
+REASON_MAX = 200  # characters of the playbook's reason kept (README: Node agent, drain_node)
 TIMEOUT_S = 15.0  # per scontrol/sinfo call; slurmctld answers in milliseconds when it is up
 # A node in one of these is drained, draining, failing or down already: trainmedic leaves it as it is.
 HELD_FLAGS = frozenset({"DRAIN", "FAIL"})

@@ -1,9 +1,10 @@
 """PyTorch Lightning integration: apply trainmedic commands after every training batch."""
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 try:
@@ -13,9 +14,13 @@ except ImportError:  # the older standalone package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
     from pytorch_lightning.utilities.data import extract_batch_size
 
+from .. import manifest
 from . import _pl_checkpoints as ckpts
 from ._common import ClientHolder
-from ._rollback import SAVED_AT, alert_began, choose, rolled_back
+from ._manifests import ManifestWriter
+from ._rollback import SAVED_AT, alert_began, choose, on_rank0, rolled_back
+
+log = logging.getLogger("trainmedic.client")
 
 
 class TrainMedicCallback(ClientHolder, Callback):
@@ -24,8 +29,10 @@ class TrainMedicCallback(ClientHolder, Callback):
     save_checkpoint calls trainer.save_checkpoint (into checkpoint_dir, else the ModelCheckpoint folder,
     else default_root_dir/checkpoints), stop_training sets trainer.should_stop and rollback_checkpoint
     restores model, optimizers, LR schedulers and precision (scaler) state from the newest .ckpt in those
-    folders saved before the alert began, going on with the next batches, unless you register your own
-    handler; every rank of a distributed run applies each command at the same global step.
+    folders saved before the alert began that verifies, going on with the next batches, unless you register
+    your own handler; every rank of a distributed run applies each command at the same global step.
+    Every checkpoint trainer.save_checkpoint writes gets NAME.trainmedic.json beside NAME.ckpt once it is
+    complete (hashed off the training thread, at the lowest CPU priority, by rank 0).
     What the client applied is saved in every checkpoint (Callback.state_dict, with the time it was saved)
     and restored by `trainer.fit(ckpt_path=...)`, so a resume neither repeats a change nor loses one.
     The training signals go to the client by themselves: each batch's loss (what training_step returned, as a
@@ -38,6 +45,43 @@ class TrainMedicCallback(ClientHolder, Callback):
         super().__init__(job, **client_kwargs)
         self.checkpoint_dir = checkpoint_dir
         self._trainer: Any = None
+        self._manifests = ManifestWriter()
+        self._stamp: dict[str, Any] = {}  # what the latest state_dict() saved: the manifest repeats it
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Before any save of this fit: every checkpoint written through the trainer gets its manifest.
+        if getattr(trainer.save_checkpoint, "_trainmedic", False):
+            return
+        try:
+            trainer.save_checkpoint = self._with_manifest(trainer, trainer.save_checkpoint)
+        except Exception as exc:  # a trainer that refuses the attribute: its checkpoints are judged by their files
+            log.warning("trainmedic: checkpoints will have no manifest (%s: %s)", type(exc).__name__, exc)
+
+    def _with_manifest(self, trainer: Any, save: Callable[..., Any]) -> Callable[..., Any]:
+        """trainer.save_checkpoint, then (rank 0, after Lightning's own barrier) the checkpoint's manifest."""
+        def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            path = self._manifest_target(trainer, filepath)
+            if path is not None:
+                manifest.remove(path)  # a checkpoint written again never sits beside its old manifest
+            out = save(filepath, *args, **kwargs)
+            if path is not None:
+                self._manifests.submit(path, int(trainer.global_step), self._stamp)
+            return out
+        save_checkpoint._trainmedic = True  # type: ignore[attr-defined]
+        return save_checkpoint
+
+    @staticmethod
+    def _manifest_target(trainer: Any, filepath: Any) -> str | None:
+        """The local checkpoint path rank 0 writes a manifest for, or None (another rank, a remote path, or an
+        asynchronous CheckpointIO that may still be writing when save_checkpoint returns)."""
+        try:
+            path = os.fspath(filepath)
+            io_kinds = {t.__name__ for t in type(getattr(trainer.strategy, "checkpoint_io", None)).__mro__}
+            if not trainer.is_global_zero or "://" in str(path) or "AsyncCheckpointIO" in io_kinds:
+                return None
+            return str(path)
+        except Exception:
+            return None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
@@ -79,15 +123,17 @@ class TrainMedicCallback(ClientHolder, Callback):
         assert client is not None  # a handler runs inside the client's poll
         before = alert_began(client)
         step = int(self._trainer.global_step)
-        found = ckpts.checkpoints(self._folders(), self.state_key, step)
-        chosen = choose(found, before, " or ".join(self._folders()))
-        saved = ckpts.restore(self._trainer, chosen.path, self.state_key)
+        folders = self._folders()
+        choice = on_rank0(lambda: choose(ckpts.checkpoints(folders, self.state_key, step), before,
+                                         " or ".join(folders)))
+        saved = ckpts.restore(self._trainer, choice.checkpoint.path, self.state_key)
         client.rolled_back_to(saved)
-        return rolled_back(chosen, step).result()
+        return rolled_back(choice, step).result()
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning asks for this as it saves a checkpoint: the stamp rollback_checkpoint chooses by.
-        return {"trainmedic": self.trainmedic_state(), SAVED_AT: time.time()}
+        self._stamp = {SAVED_AT: time.time(), "job": self.job, "state": self.trainmedic_state()}
+        return {"trainmedic": self._stamp["state"], SAVED_AT: self._stamp[SAVED_AT]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.restore(state_dict.get("trainmedic"))
@@ -105,7 +151,7 @@ class TrainMedicCallback(ClientHolder, Callback):
                     samples=_batch_size(batch))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.close()
+        self.close()  # a manifest still being hashed is finished by its own child process
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.close()

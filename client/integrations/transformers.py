@@ -1,15 +1,21 @@
 """Hugging Face Trainer integration: apply trainmedic commands at every optimizer step (on_step_end)."""
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from .. import manifest
 from . import _hf_checkpoints as ckpts
 from ._common import ClientHolder
-from ._rollback import alert_began, choose, rolled_back
+from ._manifests import ManifestWriter, after_every_rank
+from ._rollback import SAVED_AT, alert_began, choose, on_rank0, rolled_back
+
+log = logging.getLogger("trainmedic.client")
 
 
 class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
@@ -17,8 +23,10 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
 
     save_checkpoint sets control.should_save, stop_training sets control.should_training_stop and
     rollback_checkpoint restores model, optimizer, scheduler and scaler from the newest output_dir/checkpoint-N
-    saved before the alert began, going on with the next batches (unless you register your own handler for
-    them); every rank of a distributed run applies each command at the same global step. What the client
+    saved before the alert began that verifies, going on with the next batches (unless you register your own
+    handler for them); every rank of a distributed run applies each command at the same global step. Every
+    checkpoint gets checkpoint-N/trainmedic.json once every rank's files are in (hashed off the training
+    thread, at the lowest CPU priority, by the process that saves). What the client
     applied is saved with every checkpoint (in trainer_state.json, as an ExportableState, with the time it was
     saved) and restored by `trainer.train(resume_from_checkpoint=...)`. The training signals go to the client
     by themselves: each step's samples (the batch times the accumulation steps), and every loss and gradient
@@ -35,12 +43,15 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         self._loss: float | None = None
         self._grad_norm: float | None = None
         self._samples: int | None = None
+        self._manifests = ManifestWriter()
+        self._stamp: dict[str, Any] = {}  # what the latest state() saved: the manifest repeats it
 
     def state(self) -> dict[str, Any]:
         """What Trainer._save_checkpoint writes into trainer_state.json for this callback."""
         # The Trainer asks for this as it saves a checkpoint: the stamp rollback_checkpoint chooses by.
-        return {"args": {"job": self.job}, "attributes": {"_trainmedic_saved": self.trainmedic_state(),
-                                                          ckpts.SAVED_AT_ATTR: time.time()}}
+        self._stamp = {SAVED_AT: time.time(), "job": self.job, "state": self.trainmedic_state()}
+        return {"args": {"job": self.job}, "attributes": {"_trainmedic_saved": self._stamp["state"],
+                                                          ckpts.SAVED_AT_ATTR: self._stamp[SAVED_AT]}}
 
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                        lr_scheduler: Any = None, **kwargs: Any) -> None:
@@ -69,12 +80,31 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         client = self.client
         assert client is not None  # a handler runs inside the client's poll
         ckpts.check_supported(self._args)
-        before = alert_began(client)
-        found = ckpts.checkpoints(self._args.output_dir, type(self).__name__, client.step)
-        chosen = choose(found, before, self._args.output_dir)
-        saved = ckpts.restore(chosen.path, self._model, client.optimizer, client.scheduler, type(self).__name__)
+        before, out, name, step = alert_began(client), self._args.output_dir, type(self).__name__, client.step
+        choice = on_rank0(lambda: choose(ckpts.checkpoints(out, name, step), before, out))
+        saved = ckpts.restore(choice.checkpoint.path, self._model, client.optimizer, client.scheduler, name)
         client.rolled_back_to(saved)
-        return rolled_back(chosen, client.step).result()
+        return rolled_back(choice, client.step).result()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer has written checkpoint-N; each rank its own files (rng_state_R.pth), with no barrier of
+        # its own after them: meet here (every rank saves at the same step), then the saver hashes them all.
+        try:
+            after_every_rank()
+            folder = ckpts.folder(args.output_dir, state.global_step)
+            if args.should_save and os.path.isdir(folder):
+                self._manifests.submit(folder, int(state.global_step), self._stamp)
+        except Exception as exc:  # never into the loop: this checkpoint is then judged by its files
+            log.warning("trainmedic: no manifest for checkpoint %s (%s: %s)", state.global_step,
+                        type(exc).__name__, exc)
+
+    @staticmethod
+    def _forget_manifest(output_dir: Any, step: int) -> None:
+        """A checkpoint saved again (a resumed run) never sits beside the manifest of its first save."""
+        try:
+            manifest.remove(ckpts.folder(output_dir, step))
+        except Exception:  # no output folder to speak of: nothing to forget
+            pass
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.client is None:
@@ -86,6 +116,8 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
         if self._want_save:
             control.should_save = True
             self._want_save = False
+        if control.should_save and args.should_save:
+            self._forget_manifest(args.output_dir, state.global_step)
         if self._want_stop:
             control.should_training_stop = True
             self._want_stop = False
@@ -99,7 +131,7 @@ class TrainMedicCallback(ClientHolder, TrainerCallback, ExportableState):
             self._grad_norm = _number(logs.get("grad_norm"), self._grad_norm)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.close()
+        self.close()  # a manifest still being hashed is finished by its own child process
 
 
 def _number(x: Any, otherwise: float | None) -> float | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..wire.actions import CATALOGUE, ParamError
 from ..wire.protocol import ActionCall, Ack, Command, finite, rfc3339
-from ..wire.records import ActionReason, ActionStatus
+from ..wire.status import ActionReason, ActionStatus
 
 log = logging.getLogger("trainmedic.applier")
 
@@ -30,11 +30,12 @@ def sentence(text: str) -> str:
 
 
 class ActionFailed(Exception):
-    """The action could not run; `message` is one sentence for the record."""
+    """The action could not run; `message` is one sentence for the record, `reason` an optional short code."""
 
-    def __init__(self, message: str, **result: Any):
+    def __init__(self, message: str, *, reason: str | None = None, **result: Any):
         super().__init__(message)
         self.message = message
+        self.reason = reason
         self.result = {"error": message, **result}
 
 
@@ -163,7 +164,7 @@ class Applier:
         try:
             out = handler(self.current)
         except ActionFailed as exc:
-            return "failed", None, dict(finite(exc.result))
+            return "failed", exc.reason, dict(finite(exc.result))
         except ActionSkipped as exc:
             return "skipped", exc.reason, dict(finite(exc.result))
         except ActionUnsupported as exc:

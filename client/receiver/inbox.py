@@ -1,13 +1,19 @@
-"""Background threads that receive a target's commands and write its acks, never touching the caller's thread."""
+"""Background threads that receive a target's commands and write its acks, never touching the caller's thread.
+
+The receiver blocks on the target's mailbox (XREAD BLOCK) between heartbeats: an idle applier wakes once a
+heartbeat interval, and a command wakes it at once. The writer sends acks, releases, reapply notes and
+detections, and does what is asked of it meanwhile (the ledger, a heartbeat now), so nothing waits for the
+receiver's block to end."""
 from __future__ import annotations
 
 import collections
 import logging
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from collections.abc import Callable, Sequence
 
 import redis
@@ -16,15 +22,15 @@ from ..wire import keys
 from ..wire.protocol import Ack
 from ..wire.redis import DEFAULT_TIMEOUT, connect
 from ..wire.signing import Verifier
-from .mailbox import Entry, Mailbox
+from .mailbox import FETCH, Entry, Mailbox
 
 log = logging.getLogger("trainmedic.client")
 
-# How often the receiver re-reads the mailbox without a wake-up: pub/sub loses messages
-# published while we were reconnecting, the stream does not.
-RESCAN_INTERVAL = 2.0
 MAX_BACKOFF = 5.0
 FIRST_BACKOFF = 0.1
+# A live target tells the service it is there this often (and at its first heartbeat): a service that
+# restarted knows every live target within this long.
+ANNOUNCE_EVERY = 30.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class Ledger:
     """The job's ledger of sticky LR changes, read in the background after a resume."""
 
     entries: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What the writer is asked to do besides writing: read the ledger, or send a heartbeat now."""
+
+    what: str
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,14 @@ class Detection:
     value: float | None
 
 
-Outgoing = Ack | Release | Reapplied | Detection
+@dataclass(frozen=True)
+class Closed:
+    """The process closed: its last heartbeat, written in order after what was queued before it."""
+
+    info: dict[str, Any]
+
+
+Outgoing = Ack | Release | Reapplied | Detection | Closed | _Ask
 Ready = Entry | Ledger
 
 
@@ -89,11 +109,14 @@ class Inbox:
         self.ready: collections.deque[Ready] = collections.deque()
         self._out: queue.Queue[Outgoing | None] = queue.Queue()
         self._stop = threading.Event()
-        self._ledger_wanted = threading.Event()
-        self._beat_now = threading.Event()
         self._lock = threading.Lock()
         self._failing: set[str] = set()  # which threads currently cannot reach Redis
         self._beaten = False  # whether this process has sent its first heartbeat
+        self._announced = float("-inf")  # when it last told the service it is there (monotonic)
+        self._receiving: Any = None  # the receiver's connection while it blocks (stop_receiving interrupts it)
+        self._claiming: Entry | None = None  # the entry being claimed (asked again if the answer was lost)
+        # When each command read was issued (by record id): its acks' latency counts from then.
+        self._issued: dict[str, float] = {}
         self.outages = 0
         self._threads = [
             threading.Thread(target=self._receive_loop, name=f"{name}-receive", daemon=True),
@@ -106,19 +129,34 @@ class Inbox:
         return self
 
     def send(self, items: Sequence[Outgoing]) -> None:
-        """Queue acks, releases and reapply notes for the writer thread (never blocks)."""
+        """Queue acks, releases, reapply notes, detections and heartbeats for the writer thread (never blocks)."""
         for item in items:
             self._out.put(item)
 
     def want_ledger(self) -> None:
         """Read the job's ledger in the background; it arrives in `ready` as a Ledger."""
-        self._ledger_wanted.set()
+        self._out.put(_Ask("ledger"))
 
     def stop_receiving(self, timeout: float = 3.0) -> None:
         """Stop claiming new commands (the writer goes on until close())."""
         self._stop.set()
+        self._interrupt()
         if self._threads[0].is_alive():
             self._threads[0].join(timeout)
+
+    def _interrupt(self) -> None:
+        """End the receiver's block on the mailbox now (its connection is closed under it)."""
+        r = self._receiving
+        if r is None:
+            return
+        try:
+            pool = getattr(r, "connection_pool", None)
+            if pool is not None:
+                pool.disconnect(inuse_connections=True)
+            else:  # Redis Cluster
+                r.close()
+        except Exception:
+            log.debug("trainmedic: could not interrupt the receiver", exc_info=True)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop both threads, giving queued writes up to `timeout` seconds to go out."""
@@ -129,10 +167,6 @@ class Inbox:
         self._stop.set()
         if self._threads[0].is_alive():
             self._threads[0].join(max(0.0, deadline - time.monotonic()))
-
-    @property
-    def pending_acks(self) -> int:
-        return self._out.qsize()
 
     @property
     def connected(self) -> bool:
@@ -160,58 +194,70 @@ class Inbox:
         if last:
             log.info("trainmedic: Redis reachable again for %s", self.target.label)
 
-    def _connect(self) -> Any:
-        return connect(self.url, timeout=self.timeout, **self._conn_kw)
+    def _connect(self, block: float = 0.0) -> Any:
+        """A connection; `block`: the longest it will wait for a blocking read (its socket waits that much more)."""
+        return connect(self.url, timeout=self.timeout + block, **self._conn_kw)
+
+    def _beat(self, mb: Mailbox) -> None:
+        """One heartbeat, which tells the service too at the first one and every ANNOUNCE_EVERY seconds."""
+        now = time.monotonic()
+        announce = not self._beaten or now - self._announced >= ANNOUNCE_EVERY
+        mb.heartbeat(self._info(), announce=announce)
+        self._beaten = True
+        if announce:
+            self._announced = now
 
     # -- receiving
     def _receive_loop(self) -> None:
         backoff = FIRST_BACKOFF
         while not self._stop.is_set():
             r = None
-            pubsub = None
             try:
-                r = self._connect()
-                mb = Mailbox(r, self.target, self.verifier)
-                pubsub = cast(Any, r).pubsub(ignore_subscribe_messages=True)  # redis-py leaves it untyped
-                pubsub.subscribe(keys.wake_channel(self.target))
-                last_beat = float("-inf")
-                last_scan = float("-inf")
-                woken = True
+                r = self._connect(block=self.heartbeat_interval)
+                self._receiving = r
+                if self._stop.is_set():
+                    break
+                mb = Mailbox(r, self.target, self.verifier, self._issued)
+                self._beat(mb)
+                last_beat = time.monotonic()
+                # A claim whose answer was lost with the connection: the script may have taken the entry (and
+                # moved the cursor past it), so it is asked again; a second claim by this process answers 'ok'.
+                if self._claiming is not None:
+                    self._drain(mb, [self._claiming])
+                # Whatever came while this process was away (or before it started), from the saved cursor.
+                after = self._drain(mb, mb.fetch()) or mb.cursor()
+                self._up("receive")
+                backoff = FIRST_BACKOFF
                 while not self._stop.is_set():
-                    now = time.monotonic()
-                    if now - last_beat >= self.heartbeat_interval or self._beat_now.is_set():
-                        self._beat_now.clear()
-                        mb.heartbeat(self._info(), first=not self._beaten)
-                        self._beaten = True
-                        last_beat = now
-                    if self._ledger_wanted.is_set():
-                        self.ready.append(Ledger(tuple(mb.ledger())))
-                        self._ledger_wanted.clear()
-                        self._notify()
-                    if woken or now - last_scan >= RESCAN_INTERVAL:
-                        self._drain(mb)
-                        last_scan = now
+                    wait = last_beat + self.heartbeat_interval - time.monotonic()
+                    if wait <= 0:
+                        self._beat(mb)
+                        last_beat = time.monotonic()
+                        continue
+                    raw = mb.wait(after, int(wait * 1000))
+                    if raw and not self._stop.is_set():
+                        after = self._drain(mb, mb.fetch(raw)) or raw[-1][0]
                     self._up("receive")
-                    backoff = FIRST_BACKOFF
-                    msg = pubsub.get_message(timeout=min(RESCAN_INTERVAL, self.heartbeat_interval, 0.5))
-                    woken = msg is not None
             except Exception as exc:  # Redis errors and bugs alike: never let the receiver die for good
+                if self._stop.is_set():
+                    break
                 if not isinstance(exc, redis.RedisError):
                     log.debug("trainmedic: receiver error", exc_info=True)
                 self._down("receive", exc)
             finally:
-                for c in (pubsub, r):
-                    try:
-                        if c is not None:
-                            c.close()
-                    except Exception:
-                        pass
-            self._stop.wait(backoff)
+                self._receiving = None
+                try:
+                    if r is not None:
+                        r.close()
+                except Exception:
+                    pass
+            # Spread out: processes that lost Redis together do not all come back in the same instant.
+            self._stop.wait(backoff * random.uniform(0.5, 1.5))
             backoff = min(backoff * 2, self.max_backoff)
 
     def beat_soon(self) -> None:
-        """Send the next heartbeat at the loop's next turn (what it says changed: a handler was registered)."""
-        self._beat_now.set()
+        """Send a heartbeat now (what it says changed: a handler was registered)."""
+        self._out.put(_Ask("beat"))
 
     def _info(self) -> dict[str, Any]:
         try:
@@ -223,14 +269,18 @@ class Inbox:
         if self.on_ready is not None:
             self.on_ready()
 
-    def _drain(self, mb: Mailbox) -> None:
-        while not self._stop.is_set():
-            entries = mb.fetch()
+    def _drain(self, mb: Mailbox, entries: list[Entry]) -> str:
+        """Claim what these entries (and any after them) hold; the last entry id seen ('' for none)."""
+        last = ""
+        while entries and not self._stop.is_set():
             took = False
             for e in entries:
                 # The claim moves the cursor in Redis first: a command is applied at most once, also when the
                 # process dies between here and the apply (the reconciler then offers it to the next one).
+                self._claiming = e
                 answer = mb.claim(e, self.identity)
+                self._claiming = None
+                last = e.entry_id
                 if e.refused is not None:
                     mb.count_refused(e.refused)
                     log.warning("trainmedic: refused a command in %s's mailbox (entry %s): %s", self.target.label,
@@ -242,7 +292,7 @@ class Inbox:
                     self.ready.append(e)
                     took = True
                 elif answer == "ok" and e.record_id:
-                    # Its command was stored anew since it was read: hand it back for the next look.
+                    # Its command was made anew since it was read: hand it back for the next look.
                     mb.release(e.record_id)
                 elif answer == "replayed":
                     # Its record was acknowledged already: the same signed bytes were delivered again.
@@ -254,8 +304,10 @@ class Inbox:
                     log.warning("trainmedic: ignored a command for unknown remediation %s", e.record_id)
             if took:
                 self._notify()
-            if len(entries) < 100:
-                return
+            if len(entries) < FETCH:
+                break
+            entries = mb.fetch()
+        return last
 
     # -- writing acks, releases and reapply notes
     def _send_loop(self) -> None:
@@ -282,7 +334,7 @@ class Inbox:
             try:
                 if r is None:
                     r = self._connect()
-                self._write(Mailbox(r, self.target, self.verifier), batch)  # idempotent: safe to retry
+                self._write(Mailbox(r, self.target, self.verifier, self._issued), batch)  # idempotent: safe to retry
                 batch, refusals = [], 0
                 backoff = FIRST_BACKOFF
                 self._up("ack")
@@ -315,8 +367,7 @@ class Inbox:
             if closing and not batch:  # the close() sentinel was taken above: nothing more will come
                 return
 
-    @staticmethod
-    def _write(mb: Mailbox, batch: list[Outgoing]) -> None:
+    def _write(self, mb: Mailbox, batch: list[Outgoing]) -> None:
         acks = [x for x in batch if isinstance(x, Ack)]
         if acks:
             mb.ack(acks)
@@ -327,3 +378,10 @@ class Inbox:
                 mb.reapply(x.record_id, x.index, x.at, x.step, x.by)
             elif isinstance(x, Detection):
                 mb.detect(x.alertname, x.status, x.starts_at, x.ends_at, x.step, x.value)
+            elif isinstance(x, _Ask) and x.what == "ledger":
+                self.ready.append(Ledger(tuple(mb.ledger())))
+                self._notify()
+            elif isinstance(x, _Ask) and x.what == "beat":
+                self._beat(mb)
+            elif isinstance(x, Closed):
+                mb.closed(x.info)

@@ -1,4 +1,10 @@
-"""A target's side of the mailbox: read signed commands past the cursor, claim, ack, release, heartbeat."""
+"""A target's side of the mailbox: read signed commands past the cursor, claim, ack, release, heartbeat.
+
+Everything here writes the target's own keys only (its hash slot: mailbox, cursor, records, state, journal,
+counts, heartbeat, ledger, detections) and tells the service on the target's own channel (keys.up_channel)
+when it has something to fold in: a detection, acks that settled a record, its first heartbeat. The keys every
+target shares (live targets, due targets, the history index, the metrics) are the service's alone.
+"""
 from __future__ import annotations
 
 import json
@@ -8,19 +14,23 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Iterable
 
-from ..wire import keys, records
-from ..wire.protocol import (DETECTED, HEARTBEAT_TTL, LIVE_WINDOW, SIGNALS_TTL, Ack, Command, ProtocolError, dumps,
-                             signals_line)
+from ..wire import keys, scripts
+from ..wire.cluster import execute_then_publish
+from ..wire.protocol import (ACKS, BEAT, DETECTED, HEARTBEAT_TTL, SIGNALS_TTL, Ack, Command, ProtocolError,
+                             command_message, command_of_record, dumps, signals_line)
 from ..wire.redis import run_scripts
 from ..wire.signing import Verifier
+from ..wire.status import RecordStatus
 
 log = logging.getLogger("trainmedic.mailbox")
 
-CURSOR_TTL = 30 * 86400.0
-MAILBOX_MAXLEN = 100
 # The job's detections stream: a few dozen entries and two days are far more than the service needs.
 DETECTIONS_MAXLEN = 100
 DETECTIONS_TTL = 2 * 86400.0
+# Entries read per round trip.
+FETCH = 100
+# Commands whose issue time a process keeps at most (for its acks' latency).
+ISSUED_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -39,161 +49,192 @@ class Entry:
 class Mailbox:
     """Reads and acknowledges one target's commands; every call is one short Redis round trip."""
 
-    def __init__(self, r: Any, target: keys.Target, verifier: Verifier | None = None):
+    def __init__(self, r: Any, target: keys.Target, verifier: Verifier | None = None,
+                 issued: dict[str, float] | None = None):
         self.r = r
         self.target = target
         self.verifier = verifier
-        self.scripts = records.Scripts(r)
+        self._suffix = f"~{target.kind}~{target.name}"
+        # When each record's command was issued, as its entry was read: an ack's latency counts from it (shared
+        # by the mailboxes of one process's reader and writer).
+        self._issued: dict[str, float] = {} if issued is None else issued
 
     def cursor(self) -> str:
         return str(self.r.get(keys.cursor(self.target)) or "0-0")
 
-    def fetch(self, count: int = 100) -> list[Entry]:
-        """Entries after the saved cursor, oldest first, each checked against the verify keys.
+    def wait(self, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
+        """Entries after `after`, waiting up to block_ms for one to arrive (XREAD BLOCK: no polling)."""
+        got = self.r.xread({keys.mailbox(self.target): after}, count=FETCH, block=max(1, block_ms))
+        return [(str(eid), fields) for _, entries in got or [] for eid, fields in entries]
 
-        An entry names its record (`r`), which holds the signed command until the record ends: one more round
-        trip reads every named record's command. An entry written by an earlier version carries it (`c`, `s`).
+    def fetch(self, raw: list[tuple[str, dict[str, str]]] | None = None) -> list[Entry]:
+        """Entries after the saved cursor (or these), oldest first, each checked against the verify keys.
+
+        An entry names its record (`r`: its id's head), which holds what the command is made of (`d`, what was
+        decided), when it expires, which actions it sends and its signature: one more round trip reads them.
+        The command is rebuilt from them, and the signature checked over exactly those bytes
+        (protocol.command_message). A record an earlier version made holds its command's own bytes (`cmd`).
         """
-        raw = self.r.xrange(keys.mailbox(self.target), "(" + self.cursor(), "+", count=count)
-        named = [f["r"] for _, f in raw if "c" not in f and self._ours(f.get("r"))]
+        if raw is None:
+            raw = self.r.xrange(keys.mailbox(self.target), "(" + self.cursor(), "+", count=FETCH)
+        named = [rid for rid in (self._rid(f.get("r")) for _, f in raw) if rid]
         stored: dict[str, list[Any]] = {}
         if named:
             pipe = self.r.pipeline(transaction=False)
             for rid in named:
-                pipe.hmget(keys.record(rid), "cmd", "sig")
+                pipe.hmget(keys.record(rid), "d", "sig", "exp", "send", "cmd")
             stored = dict(zip(named, pipe.execute()))
         out = []
         for eid, fields in raw:
-            rid = fields.get("r")
-            if "c" in fields:
-                out.append(self._entry(eid, fields.get("c", ""), fields.get("s") or ""))
-            elif rid in stored:
-                text, sig = stored[rid]
-                # No command: its record ended (or never was); the claim says which, and nothing is applied.
-                out.append(Entry(eid, None, record_id=rid) if text is None else self._entry(eid, text, sig or ""))
+            named_rid = self._rid(fields.get("r"))
+            if named_rid is not None and named_rid in stored:
+                out.append(self._entry(eid, named_rid, *stored[named_rid]))
             else:
                 out.append(Entry(eid, None, "the entry names no record of this target"))
         return out
 
-    def _ours(self, rid: Any) -> bool:
-        """Whether an entry's `r` is the id of one of this target's records."""
-        return isinstance(rid, str) and bool(keys.RECORD_ID_RE.match(rid)) and keys.target_of_record(rid) == self.target
+    def _rid(self, r: Any) -> str | None:
+        """The id of the record an entry's `r` names (its head, or a whole id of an earlier version), if it is
+        one of this target's."""
+        if not isinstance(r, str):
+            return None
+        rid = r + self._suffix if len(r) == 26 else r
+        if keys.RECORD_ID_RE.match(rid) and keys.target_of_record(rid) == self.target:
+            return rid
+        return None
 
-    def _entry(self, eid: str, text: str, sig: str) -> Entry:
+    def _entry(self, eid: str, rid: str, decided: str | None, sig: str | None, exp: str | None, send: str | None,
+               legacy: str | None) -> Entry:
+        if (decided is None and legacy is None) or sig is None:
+            # No command: its record ended (or never was); the claim says which, and nothing is applied.
+            return Entry(eid, None, record_id=rid)
+        if legacy is not None:  # made by an earlier version: its command's own bytes
+            message, decided = str(legacy).encode(), None
+        else:
+            try:
+                message = command_message(rid, int(exp or 0), send or "", str(decided))
+            except ValueError:
+                return Entry(eid, None, "the record's expiry is not a number", record_id=rid)
         if self.verifier is not None:
             # The signature is checked over the exact bytes before they are even parsed.
             if not sig:
                 return Entry(eid, None, "the command is not signed", refused="unsigned")
-            if not self.verifier.verify(text.encode(), sig):
+            if not self.verifier.verify(message, sig):
                 return Entry(eid, None, "the command's signature does not match a verify key",
                              refused="bad_signature")
         try:
-            cmd = Command.from_json(text)
-            if keys.target_of_record(cmd.record_id) != self.target or (cmd.kind, cmd.target) != (
-                    self.target.kind, self.target.name):
-                raise ProtocolError("the command is for another target")
-            return Entry(eid, cmd, record_id=cmd.record_id)
+            cmd = (command_of_record(rid, decided, int(exp or 0), send or "") if decided is not None
+                   else Command.from_json(message))
+            if cmd.record_id != rid or (cmd.kind, cmd.target) != (self.target.kind, self.target.name):
+                raise ProtocolError("the command is for another record or target")
+            if len(self._issued) >= ISSUED_MAX:
+                self._issued.clear()  # commands this process never answered: only their latency is lost
+            self._issued[rid] = cmd.issued_at
+            return Entry(eid, cmd, record_id=rid)
         except (ProtocolError, ValueError) as exc:
-            return Entry(eid, None, str(exc))
+            return Entry(eid, None, str(exc), record_id=rid)
 
-    def claim(self, entry: Entry, identity: str) -> str:
+    def claim(self, entry: Entry, identity: str, now: float | None = None) -> str:
         """Move the cursor past the entry and take its record: 'ok' means ours to apply (lua/claim.lua)."""
-        return records.claim(self.scripts, self.target, entry.entry_id, entry.record_id, identity, time.time(),
-                             CURSOR_TTL)
+        answer = run_scripts(self.r, [scripts.claim_call(self.target, entry.entry_id, entry.record_id, identity,
+                                                         time.time() if now is None else now)])[0]
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
 
-    def ack(self, acks: Iterable[Ack]) -> list[Any]:
+    def ack(self, acks: Iterable[Ack], now: float | None = None) -> list[Any]:
         """Write acks into their records in one pipeline; returns the scripts' answers."""
         acks = list(acks)
-        now = time.time()
-        answers = run_scripts(self.r, records.ack_calls(self.scripts, acks, now))
+        answers = run_scripts(self.r, scripts.ack_calls(acks, time.time() if now is None else now, self._issued))
         replayed = len({a.record_id for a in acks if a.replayed})
         if replayed:
             self.count_refused("replayed", replayed)
-        if any(a and str(a[2]) != records.RecordStatus.DISPATCHED for a in answers):
-            # A record that settled has an outcome to follow: the reconciler looks at this target now.
-            self.r.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
+        for a, answer in zip(acks, answers):
+            if answer and str(answer[1]) != RecordStatus.DISPATCHED:
+                self._issued.pop(a.record_id, None)
         return answers
 
     def release(self, record_id: str) -> bool:
         """Hand a claimed command back, for the target's next process."""
-        return records.release(self.scripts, record_id, MAILBOX_MAXLEN)
+        return bool(run_scripts(self.r, [scripts.release_call(record_id)])[0])
 
     def reapply(self, record_id: str, index: int, at: str, step: int | None, by: str) -> None:
-        records.reapply(self.scripts, record_id, index, at, step, by)
+        run_scripts(self.r, [scripts.reapply_call(record_id, index, at, step, by)])
 
     def ledger(self) -> list[dict[str, Any]]:
-        """The job's applied scale_lr / set_lr, oldest first; with verify keys, only entries whose action and
-        params come from a command the service signed for this job (taken from those signed bytes)."""
-        out = []
+        """The job's applied scale_lr / set_lr, oldest first, each with its action and params as the record that
+        applied it says; with verify keys, only those whose record's command the service signed for this job."""
+        entries = []
         for raw in self.r.lrange(keys.ledger(self.target), 0, -1):
             try:
                 entry = json.loads(raw)
             except ValueError:
                 continue
-            if not (isinstance(entry, dict) and keys.RECORD_ID_RE.match(str(entry.get("rid", "")))):
-                continue
-            if self.verifier is not None:
-                entry = self._signed_entry(entry)
-            if entry is not None:
-                out.append(entry)
+            if isinstance(entry, dict) and isinstance(entry.get("index"), int) and self._rid(entry.get("rid")):
+                entries.append(entry)
+        if not entries:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for entry in entries:
+            pipe.hmget(keys.record(str(entry["rid"])), "d", "sig", "exp", "send", "cmd")
+        out = []
+        for entry, fields in zip(entries, pipe.execute()):
+            call = self._ledger_call(entry, *fields)
+            if call is not None:
+                out.append({**entry, "action": call.action, "params": dict(call.params)})
         return out
 
-    def _signed_entry(self, entry: dict[str, Any]) -> dict[str, Any] | None:
-        assert self.verifier is not None
-        text, sig = str(entry.get("cmd") or ""), str(entry.get("sig") or "")
-        refused = "unsigned" if not sig else None if self.verifier.verify(text.encode(), sig) else "bad_signature"
-        why = {"unsigned": "is not signed", "bad_signature": "has a signature no verify key matches"}.get(refused or "")
-        if why is None:
-            try:
-                cmd = Command.from_json(text)
-                [call] = [a for a in cmd.actions if a.index == entry.get("index")]
-                if (cmd.record_id, cmd.kind, cmd.target) != (entry["rid"], self.target.kind, self.target.name):
-                    raise ProtocolError("it names another record or target")
-            except (ProtocolError, ValueError):
-                why = "does not match the signed command it carries"
-            else:
-                return {**entry, "action": call.action, "params": dict(call.params)}
-        if refused:
-            self.count_refused(refused)
-        log.warning("trainmedic: ignored an entry of %s's ledger (for %s) that %s", self.target.label,
-                    entry.get("rid"), why)
+    def _ledger_call(self, entry: dict[str, Any], *fields: Any) -> Any:
+        got = self._entry("ledger", str(entry["rid"]), *fields)
+        if got.command is not None:
+            calls = [a for a in got.command.actions if a.index == entry["index"]]
+            if calls:
+                return calls[0]
+        if got.refused:
+            self.count_refused(got.refused)
+        log.warning("trainmedic: ignored an entry of %s's ledger (for %s): %s", self.target.label, entry.get("rid"),
+                    got.error or "its record holds no such action")
         return None
 
     def detect(self, alertname: str, status: str, starts_at: str, ends_at: str, step: int | None,
                value: float | None) -> None:
-        """Hand a detection to the service: append it to the job's own stream, mark the job due (the
-        reconciler's look) and wake the service on the job's own detections channel (its look now)."""
+        """Hand a detection to the service: append it to the job's own stream and tell the service on the job's
+        own channel (a service that did not hear it finds it at its next look at the job)."""
         fields = {"alertname": alertname, "status": status, "starts_at": starts_at, "ends_at": ends_at,
                   "step": "" if step is None else str(step), "value": "" if value is None else repr(float(value))}
         key = keys.detections(self.target)
         pipe = self.r.pipeline(transaction=False)
         pipe.xadd(key, fields, maxlen=DETECTIONS_MAXLEN, approximate=True)
         pipe.pexpire(key, int(DETECTIONS_TTL * 1000))
-        pipe.zadd(keys.DUE, {self.target.label: int(time.time() * 1000)}, lt=True)
-        pipe.publish(keys.detected_channel(self.target), DETECTED)
-        pipe.execute()
+        execute_then_publish(self.r, pipe, keys.up_channel(self.target), DETECTED)
+
+    def closed(self, info: dict[str, Any]) -> None:
+        """The process closed: its last heartbeat says so (the pages stop showing it live at once), and lives out
+        its own expiry, making nothing live for longer than it was."""
+        self.r.set(keys.heartbeat(self.target), dumps({**info, "closed": True, "last_seen": time.time()}),
+                   keepttl=True, xx=True)
 
     def count_refused(self, reason: str, n: int = 1) -> None:
-        """Count commands this applier refused (or answered without applying), for /metrics."""
-        self.r.hincrby(keys.REJECTED, reason, n)
-
-    def heartbeat(self, info: dict[str, Any], ttl: float = HEARTBEAT_TTL, first: bool = False) -> None:
-        """Say this target is alive, with what it wants GET /targets to show. A process's first heartbeat also
-        asks the reconciler to look at the target now: commands a process before it claimed and never
-        acknowledged are offered to this one (nothing claimed is dropped)."""
-        now = time.time()
+        """Count commands this applier refused (or answered without applying), for /metrics (the service folds
+        the target's counts in)."""
         pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(keys.target_metrics(self.target), f"rej|{reason}", n)
+        execute_then_publish(self.r, pipe, keys.up_channel(self.target), ACKS)
+
+    def heartbeat(self, info: dict[str, Any], ttl: float = HEARTBEAT_TTL, announce: bool = False,
+                  now: float | None = None, pipe: Any = None) -> None:
+        """Say this target is alive, with what it wants GET /targets to show. `announce`: tell the service too
+        (a process's first heartbeat, and now and then after: the service learns of a target this way, and at
+        the first one it offers this process the commands a process before it claimed and never
+        acknowledged). With `pipe`, the writes join it (the caller executes it, and announces)."""
+        now = time.time() if now is None else now
+        own = pipe is None
+        pipe = self.r.pipeline(transaction=False) if own else pipe
         pipe.set(keys.heartbeat(self.target), dumps({**info, "last_seen": now}), px=int(ttl * 1000))
-        pipe.zadd(keys.TARGETS, {self.target.label: now})
-        # Live until the heartbeat expires (and never longer than LIVE_WINDOW): /metrics counts these.
-        pipe.zadd(keys.live(self.target.kind), {self.target.label: int((now + min(ttl, LIVE_WINDOW)) * 1000)})
-        if first:
-            pipe.zadd(keys.DUE, {self.target.label: int(now * 1000)}, lt=True)
         signals = info.get("signals")
         if isinstance(signals, dict):
             pipe.set(keys.signals(self.target), signals_line(signals), px=int(SIGNALS_TTL * 1000))
-            # Among the jobs GET /metrics reads until the line expires (scrapes and hang scans prune it then);
-            # the index itself goes when no job has beaten for as long.
-            pipe.zadd(keys.SIGNALS_JOBS, {self.target.label: int((now + SIGNALS_TTL) * 1000)})
-            pipe.pexpire(keys.SIGNALS_JOBS, int(SIGNALS_TTL * 1000))
-        pipe.execute()
+        if not own:
+            return
+        if announce:
+            execute_then_publish(self.r, pipe, keys.up_channel(self.target), BEAT)
+        else:
+            pipe.execute()

@@ -11,7 +11,7 @@ from typing import Any
 from collections.abc import Callable
 
 from ..receiver.applier import ActionSkipped, ActionUnsupported, Applier, Interrupted, Invocation
-from ..receiver.inbox import Detection, Inbox, Ledger, Reapplied, Release
+from ..receiver.inbox import Closed, Detection, Inbox, Ledger, Reapplied, Release
 from ..receiver.mailbox import Entry
 from ..settings import Settings
 from ..wire import keys
@@ -22,6 +22,7 @@ from ..wire.signing import SigningError, verifier_from
 from . import lr as lrmod
 from .detect import ALERTS, NAN, SPIKE, DetectSettings, Detector
 from .distributed import NONE, Delivery, Ranks, env_rank
+from .goodput import Accountant, stall_after
 from .identity import job_name, node_name
 from .state import STATE_VERSION, AppliedState
 
@@ -55,6 +56,7 @@ class RemediationClient:
             raise ValueError(f"RemediationClient: {exc}") from None
         try:
             detect_settings = DetectSettings.of(detect)
+            stall = stall_after(os.environ)
         except ValueError as exc:
             raise ValueError(f"RemediationClient: {exc}") from None
         self.optimizer = optimizer
@@ -100,13 +102,17 @@ class RemediationClient:
         # Before init_process_group the launcher's RANK says which process that will be.
         self._inbox: Inbox | None = None
         self._ready: Any = None  # the inbox's deque: the only thing an idle poll() looks at
+        # Goodput (README): rank 0 accounts for the job's time, from the steps it is given; the others add nothing.
+        self._goodput: Accountant | None = None
         if (self._ranks.rank if self._ranks.world > 1 else env_rank()) == 0:
+            self._goodput = Accountant(stall, lambda: self.step)
             self._inbox = Inbox(self.url, self.target, self._heartbeat_info, self.identity, verifier,
                                 heartbeat_interval=heartbeat_interval, name=f"trainmedic-{self.job}",
                                 max_backoff=max_backoff, timeout=redis_timeout,
                                 client_name=f"trainmedic-client:{self.identity}")
             self._ready = self._inbox.ready
             if start:
+                self._goodput.start()
                 self._inbox.start()
 
     @property
@@ -136,7 +142,7 @@ class RemediationClient:
     def _builtin(self, fn: Callable[[RemediationClient, Invocation], Any]) -> Callable[[Invocation], Any]:
         return lambda inv: fn(self, inv)
 
-    # -- state (Guarantees 4-6)
+    # -- state (README: Guarantees, 4 to 6)
     def state_dict(self) -> dict[str, Any]:
         """What this run applied; save it with your checkpoint (the framework callbacks do)."""
         return self.state.state_dict()
@@ -152,7 +158,8 @@ class RemediationClient:
         """After restoring a checkpoint mid-run (rollback_checkpoint), merge what that checkpoint had applied.
 
         Unlike load_state_dict nothing newer is forgotten, so no command is applied twice; the sticky LR
-        changes the checkpoint lacks are applied again at a coming poll, once the ledger is read (Guarantees 5).
+        changes the checkpoint lacks are applied again at a coming poll, once the ledger is read (README:
+        Guarantees, 5).
         """
         undone = self.state.rolled_back_to(state if state else {"version": STATE_VERSION, "commands": []})
         if undone and self._inbox is not None:
@@ -318,6 +325,9 @@ class RemediationClient:
                 self._release(self._take())
                 self._inbox.close()
                 self._inbox, self._ready = None, None
+                if self._goodput is not None:
+                    self._goodput.stop()
+                    self._goodput = None
 
     def _take(self) -> list[Delivery]:
         """Everything the inbox has received, with expiry decided now (once, on the reading rank)."""
@@ -414,6 +424,9 @@ class RemediationClient:
         signals = self._beat_signals(info.get("lr"))
         if signals is not None:
             info["signals"] = signals
+        goodput = self._goodput
+        if goodput is not None:
+            info["goodput"] = goodput.report()
         return info
 
     def _beat_signals(self, lrs: Any) -> dict[str, Any] | None:
@@ -446,6 +459,11 @@ class RemediationClient:
         self._inbox.stop_receiving()  # first: nothing may be claimed after we look at what is left
         with self._lock:
             self._release(unapplied + self._take())
+        if self._goodput is not None:
+            self._goodput.close()  # its last figures go in the last heartbeat
+        # The last heartbeat, after the acks, says this process closed: the pages stop showing it live at once,
+        # and no down time follows it.
+        self._inbox.send([Closed(self._heartbeat_info())])
         self._inbox.close()
 
     def _release(self, deliveries: list[Delivery]) -> None:

@@ -24,6 +24,13 @@ class DetectSettings:
     warmup: int = 20
     # A detection clears after this many consecutive normal losses (its alert then resolves).
     clear_after: int = 20
+    # ...and only a rise that is large against the loss's own scale counts: above the median by at least
+    # `min_rise` times the run's early loss (the median of the losses seen during `warmup`: a run converged
+    # to the floating-point noise floor, or a loss that is 0 for long stretches, never spikes), and by at
+    # least `noise` times the recent losses' spread (their 90th percentile above their median: the batch
+    # to batch noise of a plateau is no spike). 0 turns either off.
+    min_rise: float = 0.01
+    noise: float = 3.0
 
     @classmethod
     def of(cls, detect: Any) -> DetectSettings | None:
@@ -42,14 +49,19 @@ class DetectSettings:
             if name in ("nan", "spike"):
                 if not isinstance(value, bool):
                     raise ValueError(f"detect[{name!r}] must be True or False")
-            elif name == "factor":
+            elif name in _NUMBERS:
+                low, what = _NUMBERS[name]
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                        math.isfinite(value) and value > 1):
-                    raise ValueError("detect['factor'] must be a finite number above 1")
+                        math.isfinite(value) and (value > low if name == "factor" else value >= low)):
+                    raise ValueError(f"detect[{name!r}] must be a finite number {what}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 100_000:
                 raise ValueError(f"detect[{name!r}] must be a whole number from 1 to 100000")
-        values: dict[str, Any] = {k: (float(v) if k == "factor" else v) for k, v in detect.items()}
+        values: dict[str, Any] = {k: (float(v) if k in _NUMBERS else v) for k, v in detect.items()}
         return cls(**values)
+
+
+# The settings that are real numbers: the bound each must pass, and how an error names it.
+_NUMBERS = {"factor": (1.0, "above 1"), "min_rise": (0.0, "of 0 or more"), "noise": (0.0, "of 0 or more")}
 
 
 # The median behind the spike threshold is recomputed after this many normal losses (and when the warm-up
@@ -64,7 +76,7 @@ class Detector:
     """Judges each loss it observes; `nan` and `spike` say what is detected now (each until it clears)."""
 
     __slots__ = ("s", "nan", "spike", "changed", "_ring", "_i", "_end", "_total", "_since", "_limit", "_left",
-                 "_over", "_normal", "_active")
+                 "_over", "_normal", "_active", "_floor")
 
     def __init__(self, settings: DetectSettings):
         self.s = settings
@@ -83,6 +95,8 @@ class Detector:
         self._over = 0
         self._normal = 0
         self._active = False  # a detection is on: normal losses count towards clearing it
+        # The least rise above the median that counts, from the run's early losses (None: not learned yet).
+        self._floor: float | None = None
 
     def observe(self, x: float) -> bool:
         """Judge one loss; True when what is detected changed (a detection began or cleared)."""
@@ -144,7 +158,24 @@ class Detector:
         if not values:
             self._limit = math.inf
             return
-        m = len(values) >> 1
-        median = values[m] if len(values) & 1 else (values[m - 1] + values[m]) * 0.5
+        n = len(values)
+        m = n >> 1
+        median = values[m] if n & 1 else (values[m - 1] + values[m]) * 0.5
+        if self._floor is None:  # the end of the warm-up: these are the run's early losses
+            self._floor = self.s.min_rise * _scale(values, median)
         # A median at or below zero gives no meaningful "twice as high": no spike is judged then.
-        self._limit = self.s.factor * median if median > 0 else math.inf
+        if median <= 0:
+            self._limit = math.inf
+            return
+        # The rise must also be large against the loss's own scale: the run's early losses and the spread of
+        # the recent ones (at the floating-point noise floor, twice the median is noise too).
+        rise = self.s.noise * (values[(9 * (n - 1)) // 10] - median)
+        if rise < self._floor:
+            rise = self._floor
+        limit = self.s.factor * median
+        self._limit = limit if limit > median + rise else median + rise
+
+
+def _scale(values: list[float], median: float) -> float:
+    """The size of a run's early losses: their median's, else (mostly exactly 0) their mean absolute value."""
+    return abs(median) or sum(abs(v) for v in values) / len(values)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..wire.actions import CATALOGUE
 from ..wire.protocol import Ack, Command, dumps
-from ..wire.records import ActionStatus
+from ..wire.status import ActionStatus
 
 STATE_VERSION = 1
 MAX_COMMANDS = 1000
@@ -97,7 +97,7 @@ class AppliedState:
         Nothing newer is forgotten: every command this run handled since that checkpoint (the rollback's own
         included, remembered when its apply ends) is still answered with its earlier acks, never applied
         again. Only the sticky LR changes the checkpoint lacks are marked undone, since the restored
-        optimizer no longer holds them: the job's ledger applies them again (Guarantees 5), once.
+        optimizer no longer holds them: the job's ledger applies them again (README: Guarantees, 5), once.
         """
         acks, fences, undone = _parse(state)
         with self._lock:

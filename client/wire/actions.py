@@ -214,7 +214,7 @@ class ActionSpec:
     checks: dict[str, Check]
     # A restore_* / resume_* action undoes another: it belongs in on_resolved, never in an escalation.
     undoes: bool = False
-    # scale_lr / set_lr: kept in the job's ledger and applied again after a resume (Guarantees 5).
+    # scale_lr / set_lr: kept in the job's ledger and applied again after a resume (README: Guarantees, 5).
     sticky: bool = False
     # checkpoint_jobs: carried out by the service itself, never sent to the target's mailbox.
     by_service: bool = False

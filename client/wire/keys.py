@@ -48,14 +48,10 @@ def mailbox(t: Target) -> str:
     return f"{PREFIX}{t.tag}:mailbox"
 
 
-def wake_channel(t: Target) -> str:
-    """Channel: a command for the target is in its mailbox (its applier listens)."""
-    return f"{PREFIX}{t.tag}:wake"
-
-
-def detected_channel(t: Target) -> str:
-    """Channel: the job's client appended a detection (the service listens, on every job's: JOB_DETECTED)."""
-    return f"{PREFIX}{t.tag}:detected"
+def up_channel(t: Target) -> str:
+    """Channel: the target's applier tells the service something (protocol.DETECTED, ACKS, BEAT); the service
+    listens on every target's (UP_PATTERN). Commands need no channel: an applier blocks on its mailbox."""
+    return f"{PREFIX}{t.tag}:up"
 
 
 def detections(t: Target) -> str:
@@ -73,21 +69,26 @@ def detection_claim(t: Target, entry_id: str) -> str:
     return f"{PREFIX}{t.tag}:detections:claim:{entry_id}"
 
 
+def detection_limit(t: Target, alertname: str) -> str:
+    """String with a TTL: the job's detector raised an alert within its playbooks' cooldown (its episode's start);
+    outside the job's own keys, so that only the service sets it."""
+    return f"{PREFIX}detect:{t.tag}:{alertname}"
+
+
 def signals(t: Target) -> str:
     """String: the job's latest training signals, as its heartbeat wrote them (GET /metrics, hang checks)."""
     return f"{PREFIX}{t.tag}:signals"
 
 
-def detected_target(channel: str) -> Target | None:
-    """The job whose detections channel this is (detected_channel's inverse), or None."""
-    if not (channel.startswith(PREFIX + "{") and channel.endswith("}:detected")):
+def up_target(channel: str) -> Target | None:
+    """The target whose channel to the service this is (up_channel's inverse), or None."""
+    if not (channel.startswith(PREFIX + "{") and channel.endswith("}:up")):
         return None
-    return parse_label(channel[len(PREFIX) + 1:-len("}:detected")])
+    return parse_label(channel[len(PREFIX) + 1:-len("}:up")])
 
 
-# Every job's detections channel, for PSUBSCRIBE. Apart from the wake-up channels, so that a command's
-# wake-up reaches its job's client only, not every service worker too.
-JOB_DETECTED = PREFIX + "{job:*}:detected"
+# Every target's channel to the service, for PSUBSCRIBE.
+UP_PATTERN = PREFIX + "{*}:up"
 
 
 def cursor(t: Target) -> str:
@@ -107,16 +108,22 @@ def record(record_id: str) -> str:
     return record_prefix(target_of_record(record_id)) + record_id
 
 
-def playbook_state(t: Target, playbook: str) -> str:
-    """Hash: a playbook's state on a target: its guards (`cool`: ms until which it cools down; `runs`: when it
-    dispatched within its max_runs window, space-separated) and each alert's episode (episode_fields)."""
-    return f"{PREFIX}{t.tag}:playbook:{playbook}"
+def target_state(t: Target) -> str:
+    """Hash: what the target's decisions read and write (lua/decide.lua says each field): each playbook's guards
+    (`PLAYBOOK|cool`, `PLAYBOOK|runs`) and its alerts' episodes (episode_fields), and the mailbox's count (`q`)."""
+    return f"{PREFIX}{t.tag}:state"
 
 
-def episode_fields(fingerprint: str, *names: str) -> list[str]:
-    """The fields of an alert's episode in its playbook's state: its open episode's start and record, its
+def episode_fields(playbook: str, fingerprint: str, *names: str) -> list[str]:
+    """The fields of an alert's episode in its target's state: its open episode's start and record, its
     latest closed one (a tombstone), its held records, and the resolve it last saw."""
-    return [f"{fingerprint}|{name}" for name in names]
+    return [f"{playbook}|{fingerprint}|{name}" for name in names]
+
+
+def playbook_state(t: Target, playbook: str) -> str:
+    """Hash: a playbook's guards and episodes on a target as the previous version kept them (service/upgrade.py
+    folds them into target_state)."""
+    return f"{PREFIX}{t.tag}:playbook:{playbook}"
 
 
 def obligation(t: Target, playbook: str, fingerprint: str) -> str:
@@ -135,13 +142,15 @@ def due_items(t: Target) -> str:
 
 
 def ledger(t: Target) -> str:
-    """List: the job's applied scale_lr / set_lr, oldest first, for resumes (Guarantees 5)."""
+    """List: the job's applied scale_lr / set_lr, oldest first, for resumes (README: Guarantees, 5)."""
     return f"{PREFIX}{t.tag}:ledger"
 
 
-def ack_stats(t: Target) -> str:
-    """Hash of ack counts and dispatch-to-ack latency buckets by action, written by the ACK script."""
-    return f"{PREFIX}{t.tag}:ackstats"
+def target_metrics(t: Target) -> str:
+    """Hash of counts its appliers' scripts (and on Redis Cluster every script) keep for the target: acks by
+    action and status, their latency, the backlog's moves, refused commands. The service folds it into METRICS
+    (service/fold.py) when it looks at the target, and deletes it."""
+    return f"{PREFIX}{t.tag}:metrics"
 
 
 def power_memory(node: str) -> str:
@@ -157,15 +166,9 @@ def parse_label(label: str) -> Target | None:
     return None
 
 
-def metrics(t: Target, cluster: bool) -> str:
-    """Hash of the counts GET /metrics shows (backlog by kind, acks by action and status, ack latency), kept up
-    to date by the scripts that dispatch, claim, ack and expire: one for the whole keyspace on a single
-    Redis; on Redis Cluster one per target (a script may only touch its own slot), summed at scrape."""
-    return f"{PREFIX}{t.tag}:metrics" if cluster else METRICS
-
-
 def live(kind: str) -> str:
-    """Sorted set: targets of a kind by the time their latest heartbeat stops counting as live (ms)."""
+    """Sorted set: targets of a kind by the time their latest heartbeat stops counting as live (ms); the service
+    keeps it from the heartbeats it reads itself (service/beats.py)."""
     return f"{PREFIX}live:{kind}"
 
 
@@ -179,20 +182,21 @@ def unmatched_logged(name_digest: str) -> str:
     return f"{PREFIX}{{unmatched}}:logged:{name_digest}"
 
 
-# Global keys (their own slot): the history index, pending approvals, live targets.
+# Global keys (their own slot), written by the service only.
+# The counts GET /metrics shows: backlog by kind, acks by action and status, ack latency, refused commands.
 METRICS = PREFIX + "metrics"
 # Record ids scored by their history sequence number (service/history.py assigns it when it indexes them).
 HISTORY = PREFIX + "history"
-# The history index (service/history.py): record ids made or changed and not yet indexed (the scripts push
-# them, lua/common.lua hist_touch), the sequence counter, the indexer's lock, and the per-segment bitmaps.
+# The history index (service/history.py): the journal of record changes not yet indexed (on a single Redis the
+# service's scripts push there; on Redis Cluster, and for appliers' scripts, each target's own journal), the
+# sequence counter, the indexer's lock, the per-segment bitmaps and the facets (playbook and alert name) seen.
 HIST_JOURNAL = PREFIX + "hist:journal"
 HIST_SEQ = PREFIX + "hist:seq"
 HIST_LOCK = PREFIX + "hist:lock"
 HIST_PREFIX = PREFIX + "hist:"
-# Redis Cluster: labels of targets whose own journal (hist_journal) may hold entries not yet moved to
-# HIST_JOURNAL. Whoever runs a journaling script there adds its target (client/wire/cluster.py); the indexer
-# moves those journals first, so a change is indexed before the next query even if the reconciler never
-# visits its target.
+HIST_FACETS = PREFIX + "hist:facets"
+# Labels of targets whose own journal (journal(t)) may hold entries not yet moved to HIST_JOURNAL: the service
+# names them when it learns of their changes (an applier's ack, a script it ran on Redis Cluster).
 HIST_DIRTY = PREFIX + "hist:dirty"
 
 
@@ -211,17 +215,15 @@ def target_history(t: Target) -> str:
     return f"{PREFIX}{t.tag}:hist"
 
 
-def hist_journal(t: Target) -> str:
-    """List: the target's journal of record ids on Redis Cluster (the indexer moves it to HIST_JOURNAL once the
-    target is named in HIST_DIRTY)."""
+def journal(t: Target) -> str:
+    """List: the target's own journal of record changes (the service moves it to HIST_JOURNAL)."""
     return f"{PREFIX}{t.tag}:hj"
+
+
 APPROVALS = PREFIX + "approvals"
+# Targets the service knows (label -> when it last saw their heartbeat, s): an applier announces itself on its
+# channel, and the service alone writes this.
 TARGETS = PREFIX + "targets"
-# Labels of targets that were ever sent a command: /metrics reads their backlog and ack stats.
-MAILBOXES = PREFIX + "mailboxes"
-# Set once the service has brought the playbook states of an earlier version to today's layout (service/upgrade.py).
-STATES_UPGRADED = PREFIX + "upgraded:playbook-states"
-STATES_UPGRADING = PREFIX + "upgrading:playbook-states"  # the lock of the one service doing it
 # Target labels by the earliest due time (ms) of their due items: what the reconciler visits next.
 DUE = PREFIX + "due"
 # The reconcilers' lease: one of them ticks at a time (correct without it, just wasteful).
@@ -237,11 +239,11 @@ RESETS = PREFIX + "resets"
 RESET_AT = RESETS + ":at"
 # Jobs the service judged hung (label -> the hang's start, ms): TrainingHang is open for them.
 HUNG = PREFIX + "hung"
-# Jobs that report training signals (label -> when their latest line expires, ms): what GET /metrics reads,
-# so a scrape never looks at targets that report none. Each heartbeat with signals adds its job; scrapes prune.
-SIGNALS_JOBS = PREFIX + "signals:jobs"
-# Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts.
+# Commands refused by appliers, by reason (bad_signature, unsigned, replayed): a hash of counts the service
+# folds in from the targets' own (target_metrics).
 REJECTED = PREFIX + "rejected"
+# Keys of a wrong type or values that did not parse, that the service repaired or skipped (a count).
+REPAIRS = PREFIX + "repairs"
 # Records the service refused to act on because their hash no longer matched its seal (only it writes this).
 TAMPERED = PREFIX + "tampered"
 # Alerts the resync decided (Alertmanager listed them active; Redis had no episode), and its lease.
@@ -283,3 +285,28 @@ def breaker_state(playbook: str) -> str:
 def chart_cache(t: Target, record_id: str) -> str:
     """String: Prometheus's answer for a record's metric chart, for a short while (its TTL)."""
     return f"{PREFIX}{t.tag}:chart:{record_id}"
+
+
+# Goodput (service/goodput.py): the service's own accounting of each job's time. Its keys keep the job's hash
+# tag but sit outside `trainmedic:{job:NAME}:*`, which the job's own Redis user may write.
+def goodput(t: Target) -> str:
+    """String: one job's accounting, one line (service/goodput.py Account), kept 30 days after its last write."""
+    return f"{PREFIX}goodput:{t.tag}"
+
+
+def goodput_incidents(t: Target) -> str:
+    """Hash: record id -> "HIGH RECOVERED": the job's highest step when the record's alert began, and when its
+    step first passed it ("-" until then), for its newest records."""
+    return f"{PREFIX}goodput:incidents:{t.tag}"
+
+
+# Sorted set, every score 0: "l:NAME" for live jobs and "n:NAME" for the others, so that names in order list
+# live jobs first, then the rest, both by name (GET /jobs pages through it).
+GOODPUT_JOBS = PREFIX + "goodput:jobs"
+# Sorted set: jobs whose process ended without close() and none followed, by when their down time stops
+# growing (ms): with the live ones, the jobs /metrics shows.
+GOODPUT_DOWN = PREFIX + "goodput:down"
+# String: the history sequence number up to which the service looked for jobs' new records (incidents).
+GOODPUT_SEQ = PREFIX + "goodput:seq"
+# String: where the sweep of jobs past retention out of GOODPUT_JOBS goes on next.
+GOODPUT_SWEEP = PREFIX + "goodput:sweep"

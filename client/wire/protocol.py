@@ -9,6 +9,8 @@ from datetime import datetime, UTC
 from typing import Any
 from collections.abc import Callable
 
+from . import keys
+
 VERSION = 2
 
 # Action statuses an applier may report; "pending", "delivered" and "lost" are the service's own.
@@ -18,9 +20,12 @@ LIVE_WINDOW = 60.0
 HEARTBEAT_TTL = 30.0
 # A job's training signals outlive its last heartbeat this long (its series leave /metrics then).
 SIGNALS_TTL = 120.0
-# What a training client publishes on its own wake-up channel when it wrote a detection (commands are
-# announced there by their record ids, which never look like this).
+# What an applier tells the service on its own channel (keys.up_channel): it wrote a detection (DETECTED),
+# its acks settled a record (ACKS), or it is alive (BEAT: its first heartbeat, and then now and then, so that a
+# service that restarted learns of it).
 DETECTED = "detected"
+ACKS = "acks"
+BEAT = "beat"
 # The fields of a signals line, in order ("-" where unknown).
 SIGNAL_FIELDS = ("step", "step_since", "loss", "learning_rate", "samples_per_second", "grad_norm")
 # Whole numbers beyond this are no longer exact as the float a scraper reads them into.
@@ -134,6 +139,23 @@ def fence(fingerprint: str, start: str, playbook: str, stage: int, mode: str) ->
     return f"{fingerprint}|{start}|{playbook}|{stage}|{mode}"
 
 
+def alert_second(starts_at: str) -> str:
+    """An Alertmanager startsAt ("...T01:25:24.115Z") to the second, as an episode starts ("" for a time in another
+    form: then the record stores its start)."""
+    return starts_at[:19] + "Z" if len(starts_at) >= 20 and starts_at.endswith("Z") else ""
+
+
+# What a record's command is signed over (command_message): never the bytes of anything else.
+_COMMAND_DOMAIN = b"trainmedic-command-v4\n"
+
+
+def command_message(record_id: str, expires_ms: int, send: str, decided: str) -> bytes:
+    """The exact bytes a record's command is signed over: its id, when it expires, which actions it sends ("" for
+    all, else their indexes) and what was decided (the record's `d`, byte for byte)."""
+    return b"".join((_COMMAND_DOMAIN, record_id.encode(), b"\n", str(int(expires_ms)).encode(), b"\n", send.encode(),
+                     b"\n", decided.encode()))
+
+
 class ProtocolError(ValueError):
     """A mailbox entry that is not a command this version understands."""
 
@@ -201,6 +223,34 @@ class Command:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"malformed command: {exc}") from None
+
+
+def command_of_record(record_id: str, decided: str, expires_ms: int, send: str) -> Command:
+    """The command a record stands for, rebuilt from what was decided (its `d`), its expiry and the actions it
+    sends: what an applier applies once the signature over command_message checked out."""
+    try:
+        # NaN and Infinity parse as 1e999 already does, so the action is refused where its params are checked.
+        d = json.loads(decided, parse_constant=float)
+        steps = d["s"]
+        indexes = [int(i) for i in send.split()] if send else list(range(len(steps)))
+        actions = []
+        for i in indexes:
+            action, params, *more = steps[i]
+            flags = more[0] if more and isinstance(more[0], dict) else {}
+            actions.append(ActionCall(i, str(action), dict(params or {}), flags.get("o") is True))
+        alert = d.get("a") or {}
+        starts_at = str(alert.get("starts_at") or "")[:64]
+        fingerprint = str(alert.get("fingerprint") or "")[:64]
+        start = str(d.get("st") or alert_second(starts_at))
+        t = keys.target_of_record(record_id)
+        expires = _time(expires_ms) / 1000
+        return Command(record_id=record_id, kind=t.kind, target=t.name, actions=tuple(actions),
+                       issued_at=expires - _time(d["x"]), expires_at=expires, context=dict(d.get("c") or {}),
+                       fingerprint=fingerprint, fence=fence(fingerprint, start, str(d["p"]), int(d.get("g") or 0),
+                                                            str(d.get("m") or "firing"))[:512],
+                       starts_at=starts_at)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ProtocolError(f"malformed record: {exc}") from None
 
 
 def _time(value: Any) -> float:

@@ -28,33 +28,6 @@ def _not_loaded(exc: redis.exceptions.NoPermissionError) -> Exception:
     return exc
 
 
-class GuardedScript:
-    """A redis-py Script whose refused reload (NOPERM on SCRIPT LOAD) is ScriptsNotLoaded."""
-
-    def __init__(self, script: Any, journals: bool = False):
-        self._script = script
-        # Whether the script may journal a history change (lua/common.lua hist_touch): on a cluster, in its
-        # target's slot, so the target is named in keys.HIST_DIRTY after it ran (cluster.mark_journaled).
-        self.journals = journals
-
-    @property
-    def sha(self) -> str:
-        return str(self._script.sha)
-
-    @property
-    def script(self) -> str:
-        return str(self._script.script)
-
-    def __call__(self, keys: Any = (), args: Any = (), client: Any = None) -> Any:
-        try:
-            answer = self._script(keys=list(keys), args=list(args), client=client)
-        except redis.exceptions.NoPermissionError as exc:
-            raise _not_loaded(exc) from exc
-        if self.journals:
-            cluster.mark_journaled(client or self._script.registered_client, list(keys))
-        return answer
-
-
 def redis_url(url: str | None = None) -> str:
     """The URL given, else TRAINMEDIC_REDIS_URL; raises ValueError when neither is set."""
     url = url or os.environ.get("TRAINMEDIC_REDIS_URL")
@@ -76,11 +49,12 @@ def connect(url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **kw: Any)
 
 
 def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
-    """EVALSHA each (script, keys, args) in one non-transactional pipeline; returns their answers.
+    """EVALSHA each (script, keys, args) in one non-transactional pipeline; returns their answers (a script is
+    anything with `sha` and `script`: client/wire/scripts.py Script).
 
     Works on a single Redis and on a cluster alike. A script a node does not know yet (NOSCRIPT: a fresh or
-    restarted node) is loaded and only those calls are run again, so no call ever runs twice. It also skips
-    the SCRIPT EXISTS round trip redis-py's own pipelines make before every execute.
+    restarted node) is loaded and only those calls are run again, so no call ever runs twice. A user that may
+    not load scripts (trainers and agents) gets ScriptsNotLoaded, which reads as Redis being briefly down.
     """
     if not calls:
         return []
@@ -103,7 +77,6 @@ def run_scripts(r: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[A
             pipe.execute_command("EVALSHA", script.sha, len(ks), *ks, *args)
         for i, a in zip(missing, pipe.execute(raise_on_error=False)):
             answers[i] = a
-    cluster.mark_journaled(r, (k for script, ks, _ in calls if getattr(script, "journals", False) for k in ks))
     for a in answers:
         if isinstance(a, Exception):
             raise a

@@ -1,6 +1,8 @@
-"""The `trainmedic` command: serve, agent, check, send, history, show, match, approve, reject, --version."""
+"""The `trainmedic` command: serve, agent, check, send, history, show, jobs, match, approve, reject, test, replay,
+--version."""
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -9,10 +11,10 @@ from ...client.settings import SettingsError
 from ..settings import ServiceSettings
 from ...client.agent import cli as agent
 
-from . import approve, check, credentials, history, match, send, serve, show
+from . import approve, check, credentials, history, jobs, match, replay, send, serve, show, test
 from .common import CliError, Parser
 
-COMMANDS = (serve, agent, check, send, history, show, match, approve, credentials)
+COMMANDS = (serve, agent, check, send, history, show, jobs, match, approve, credentials, test, replay)
 
 
 def version() -> str:
@@ -51,6 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read the output went away (`| head`): stop quietly, as other tools do, and keep Python's own
+        # flush at exit from failing too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (CliError, SettingsError) as exc:
         sys.stderr.write(f"trainmedic: {exc}\n")
         return exc.code if isinstance(exc, CliError) else 2

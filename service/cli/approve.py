@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     need(args.verb, "requests")
     if not args.yes and not sys.stdin.isatty():
         raise UsageError(f"{args.verb} asks for confirmation on a terminal: pass --yes to {args.verb} without it")
-    http = api(settings, args.url, operator_token(settings))
+    http = api(settings, args.url, operator_token(settings), writes=True)
     rec = call(http.get, f"/remediations/{quote(args.id, safe='')}")
     print("\n".join(describe(rec)), flush=True)
     if not args.yes and not confirmed(args.verb, len(rec["actions"])):

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     paths = args.paths or [settings.playbooks or str(SHIPPED)]
     playbooks, problems = check(paths)
     if not problems and not files_of(paths):
-        problems = [f"{', '.join(paths)}:0: no playbook files (*.yaml) found"]
+        problems = [f"{', '.join(paths)}: no playbook files (*.yaml) found"]
     errors = [p for p in problems if not is_warning(p)]
     for line in problems:
         print(line)

@@ -41,8 +41,8 @@ def cells(rec: dict) -> tuple[str, ...]:
 class Table:
     """Rows in columns as wide as the widest cell seen first (records that come later keep those widths)."""
 
-    def __init__(self, first: list[tuple[str, ...]]):
-        self.widths = [max([len(h), *(len(row[i]) for row in first)]) for i, h in enumerate(COLUMNS)]
+    def __init__(self, first: list[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS):
+        self.widths = [max([len(h), *(len(row[i]) for row in first)]) for i, h in enumerate(columns)]
 
     def line(self, row: tuple[str, ...]) -> str:
         # The last column is not padded: no trailing spaces.

@@ -10,11 +10,12 @@ import time
 from typing import Any
 
 from ...client.wire.actions import CATALOGUE, ParamError
-from ...client.wire.records import RecordStatus
+from ...client.wire.status import RecordStatus
 from ...client.wire.keys import TARGET_NAME_RE
 
 from ..settings import ServiceSettings
 from .common import CliError, UsageError, api, call, need, operator_token
+from .show import lines
 
 _INT = re.compile(r"^[+-]?[0-9]+\Z")
 _FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
@@ -30,6 +31,7 @@ def add(sub: Any) -> None:
     s.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait up to SECONDS for the job to apply it, and print the record")
     s.add_argument("--yes", action="store_true", help="send it even though it raises the learning rate")
+    s.add_argument("--json", action="store_true", help="print the record as the API gives it")
     s.add_argument("action")
     s.add_argument("params", nargs="*", metavar="KEY=VALUE")
     s.set_defaults(run=run)
@@ -66,12 +68,14 @@ def parse(args: argparse.Namespace) -> dict:
     if not TARGET_NAME_RE.match(args.job):
         raise UsageError("--job must be 1 to 128 letters, digits or _.:@-")
     spec = CATALOGUE.get(args.action)
+    known = sorted(name for name, s in CATALOGUE.items() if s.kind == "job")  # what a job can be sent
     if spec is None:
-        close = difflib.get_close_matches(args.action, list(CATALOGUE), n=1)
+        close = difflib.get_close_matches(args.action, known, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        raise UsageError(f"unknown action {args.action!r}: {hint}known: {', '.join(sorted(CATALOGUE))}")
+        raise UsageError(f"unknown action {args.action!r}: {hint}known for a job: {', '.join(known)}")
     if spec.kind != "job":
-        raise UsageError(f"{args.action} runs on a node agent, not in a training job")
+        raise UsageError(f"{args.action} runs on a node agent, not in a training job (known for a job: "
+                         f"{', '.join(known)})")
     params: dict[str, Any] = {}
     for item in args.params:
         key, eq, raw = item.partition("=")
@@ -95,18 +99,19 @@ def run(args: argparse.Namespace, settings: ServiceSettings) -> int:
     params = parse(args)
     if args.wait < 0 or not math.isfinite(args.wait):
         raise UsageError("--wait must be a number of seconds, 0 or more")
-    http = api(settings, args.url, operator_token(settings))
+    http = api(settings, args.url, operator_token(settings), writes=True)
     rec = call(http.post, "/commands", {"target": f"job:{args.job}", "action": args.action, "params": params})
-    note = f" ({rec['reason'].replace('_', ' ')})" if rec.get("reason") else ""
-    print(f"sent {args.action} to job {args.job}: remediation {rec['id']} ({rec['status']}){note}", flush=True)
-    if args.wait <= 0:
-        return 0
-    deadline = time.monotonic() + args.wait
-    while rec["status"] not in FINAL and time.monotonic() < deadline:
-        time.sleep(0.1)
-        rec = call(http.get, f"/remediations/{rec['id']}")
-    print(json.dumps(rec, indent=2))
-    if rec["status"] == RecordStatus.APPLIED:
+    if not args.json:
+        note = f" ({rec['reason'].replace('_', ' ')})" if rec.get("reason") else ""
+        print(f"sent {args.action} to job {args.job}: remediation {rec['id']} ({rec['status']}){note}", flush=True)
+    if args.wait > 0:
+        deadline = time.monotonic() + args.wait
+        while rec["status"] not in FINAL and time.monotonic() < deadline:
+            time.sleep(0.1)
+            rec = call(http.get, f"/remediations/{rec['id']}")
+    if args.json or args.wait > 0:  # the record, as `trainmedic show` prints it
+        print(json.dumps(rec, indent=2) if args.json else "\n".join(lines(rec)), flush=True)
+    if args.wait <= 0 or rec["status"] == RecordStatus.APPLIED:
         return 0
     raise CliError(_why_not(rec, args, http, settings))
 

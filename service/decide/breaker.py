@@ -6,10 +6,12 @@ touch both, so the same two steps run everywhere. The webhook claims a place for
 playbook (one round trip for the notification), then DECIDE runs as usual with the refused pairs recorded
 `skipped` / `breaker_open`; a claim whose pair DECIDE did not dispatch or hold (a resend, a cooldown, a dry run)
 is released at once. The reconciler releases a ladder's claim when the ladder ends (resolved, applied nothing,
-rejected, ineffective); a claim nobody releases (a replica died in between) lapses after its lease, the longest
-such a remediation can stay open. Between the claim and the compensating release a pair holds a place it may
-not keep, so a burst can refuse a few alerts that a later notification would have let through; it never lets
-more through than the bound.
+rejected, ineffective). A claim is a lease of LEASE seconds that the reconciler renews every RENEW_EVERY for each
+remediation still open (its first record there, its ladder not ended): a claim whose record was never made (a
+worker died between the claim and DECIDE) or was lost lapses within the lease. Between the claim and the
+compensating release a pair holds a place it may not keep, so a burst can refuse a few alerts that a later
+notification would have let through; it never lets more through than the bound. The percent form counts the
+live targets the service itself saw heartbeat (service/beats.py).
 """
 from __future__ import annotations
 
@@ -18,34 +20,32 @@ import time
 from typing import Any
 from collections.abc import Sequence
 
-from ...client.wire import keys, records
+from ...client.wire import keys
 from ...client.wire.redis import run_scripts
+from ...client.wire.status import RecordStatus
 
 from ..rules.playbooks import Playbook
+from ..store.scripts import breaker_call
 
 log = logging.getLogger("trainmedic.breaker")
 
 # Live targets by kind are read at most this often per process: a heartbeat counts as live for a minute, so the
 # percent form's base moves slowly, and the webhook saves a round trip on most notifications.
 LIVE_CACHE = 1.0
-# A claim nobody released lapses this long after the remediation could last have been open.
-LEASE_MARGIN = 600.0
+# A claim lives this long unless the reconciler renews it (it does every RENEW_EVERY while the remediation is
+# open).
+LEASE = 30.0
+RENEW_EVERY = 5.0
 # What DECIDE answers for a pair that holds its claim.
-HOLDS = (records.RecordStatus.DISPATCHED, records.RecordStatus.PENDING_APPROVAL)
-
-
-def lease_of(pb: Playbook) -> float:
-    """How long a remediation of the playbook can stay open: a hold, its commands, its ladder and its resolve."""
-    return (pb.approval_timeout + pb.expire_after + pb.verify + sum(s.after for s in pb.escalate)
-            + pb.resolve_timeout + LEASE_MARGIN)
+HOLDS = (RecordStatus.DISPATCHED, RecordStatus.PENDING_APPROVAL)
 
 
 class Breaker:
     """Claims and releases places under playbooks' max_active; see the module's docstring."""
 
-    def __init__(self, r: Any, scripts: records.Scripts):
+    def __init__(self, r: Any):
         self.r = r
-        self.scripts = scripts
+        self.lease = LEASE
         self._live: dict[str, tuple[float, int]] = {}
 
     def live(self, kind: str, now: float) -> int:
@@ -64,7 +64,7 @@ class Breaker:
         """Claim a place for each (playbook, record id): 'ok', 'open' or 'opened' each, in one round trip. A
         playbook whose bound is none now (a percent of no live target) claims nothing and is let through."""
         limits = [self.limit(pb, now) for pb, _ in pairs]
-        calls = [records.breaker_call(self.scripts, "claim", pb.name, now, rid, limit, lease_of(pb))
+        calls = [breaker_call("claim", pb.name, now, [rid], limit, self.lease)
                  for (pb, rid), limit in zip(pairs, limits) if limit]
         answers = iter(run_scripts(self.r, calls))
         return [str(next(answers)[0]) if limit else "ok" for limit in limits]
@@ -74,8 +74,29 @@ class Breaker:
         if not pairs:
             return
         now = time.time() if now is None else now
-        run_scripts(self.r, [records.breaker_call(self.scripts, "release", pb.name, now, rid, self.limit(pb, now),
-                                                  lease_of(pb)) for pb, rid in pairs])
+        run_scripts(self.r, [breaker_call("release", pb.name, now, [rid], self.limit(pb, now), self.lease)
+                             for pb, rid in pairs])
+
+    def renew(self, playbooks: Sequence[Playbook], now: float, still_open: Any) -> None:
+        """Renew the leases of the bounded playbooks' claims whose remediation is still open (still_open(ids): the
+        ids of those, from their first records), and release the others at once."""
+        bounded = [pb for pb in playbooks if pb.max_active]
+        if not bounded:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for pb in bounded:
+            pipe.zrangebyscore(keys.breaker_open(pb.name), f"({int(now * 1000)}", "+inf")
+        claimed = [[str(m) for m in got] for got in pipe.execute()]
+        open_ids = still_open([m for ms in claimed for m in ms])
+        calls = []
+        for pb, members in zip(bounded, claimed):
+            limit = self.limit(pb, now)
+            keep = [m for m in members if m in open_ids]
+            done = [m for m in members if m not in open_ids]
+            if done:
+                calls.append(breaker_call("release", pb.name, now, done, limit, self.lease))
+            calls.append(breaker_call("renew", pb.name, now, keep, limit, self.lease))
+        run_scripts(self.r, calls)
 
     def opened(self, rid: str, playbook: str, now: float) -> None:
         """The refusal that opened the breaker: the reconciler sends its one notification from this record."""
@@ -83,10 +104,9 @@ class Breaker:
         log.warning("breaker of playbook %s opened: %s was not dispatched", playbook, rid,
                     extra={"remediation_id": rid, "playbook": playbook})
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(keys.record(rid), mapping={"follow": "1", "breaker_opened": "1"})
+        pipe.hset(keys.record(rid), mapping={"f": "1", "breaker_opened": "1"})
         pipe.zadd(keys.due_items(t), {rid: int(now * 1000)})
         pipe.zadd(keys.DUE, {t.label: int(now * 1000)}, lt=True)
-        pipe.sadd(keys.MAILBOXES, t.label)
         pipe.execute()
 
     def state(self, playbooks: Sequence[Playbook], now: float) -> dict[str, dict[str, Any]]:

@@ -17,15 +17,17 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping
 
-from ...client.wire import keys, records
+from ...client.wire import keys
 from ...client.wire.actions import CATALOGUE
-from ...client.wire.records import ActionStatus, RecordStatus, Step
+from ...client.wire.status import ActionStatus, RecordStatus
 
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
 from ..rules.targets import Resolution
+from ..store import record
+from ..store.decision import Step
+from ..store.record import StoredRecord
 from .dispatch import Dispatcher, new_record_id
 from .plan import Decision
 
@@ -48,12 +50,11 @@ class Step0:
     timeout: float
 
 
-def pending_step(h: Mapping[str, Any]) -> Step0 | None:
+def pending_step(rec: StoredRecord) -> Step0 | None:
     """The record's checkpoint_jobs step when it is still pending, else None."""
-    for i in range(int(h.get("n") or 0)):
-        spec = json.loads(h.get(f"a:{i}:spec") or "{}")
-        if spec.get("action") == ACTION and h.get(f"a:{i}:status") == ActionStatus.PENDING:
-            return Step0(i, CATALOGUE[ACTION].parse(spec.get("params") or {}).timeout)
+    for i, a in enumerate(rec.actions):
+        if a.step.action == ACTION and a.status == ActionStatus.PENDING:
+            return Step0(i, CATALOGUE[ACTION].parse(a.step.params).timeout)
     return None
 
 
@@ -89,20 +90,20 @@ class Checkpoints:
             found.extend(t.name for t, raw in zip(batch, pipe.execute()) if on_node(raw, node))
         return sorted(found)
 
-    def plan(self, h: Mapping[str, Any], step: Step0, now: float) -> dict[str, Any]:
+    def plan(self, rec: StoredRecord, step: Step0, now: float) -> dict[str, Any]:
         """The node record's checkpoint plan: made by the first pass, read back by every later one."""
-        rid = h["id"]
-        if h.get("ckpt"):
-            return dict(json.loads(h["ckpt"]))
-        node = keys.target_of_record(rid).name
+        rid = rec.id
+        if rec.checkpoint_plan:
+            return dict(json.loads(rec.checkpoint_plan))
+        node = rec.target.name
         jobs = self.jobs_on(node, now)
         plan = {"started_ms": int(now * 1000), "deadline_ms": int((now + step.timeout) * 1000),
                 "jobs": [[job, new_record_id(keys.Target("job", job))] for job in jobs]}
-        if not records.mark_once(self.r, rid, "ckpt", json.dumps(plan, separators=(",", ":"))):
-            return dict(json.loads(records.field(self.r, rid, "ckpt") or "{}"))
+        if not record.mark_once(self.r, rid, "ckpt", json.dumps(plan, separators=(",", ":"))):
+            return dict(json.loads(record.field_of(self.r, rid, "ckpt") or "{}"))
         return plan
 
-    def start(self, h: Mapping[str, Any], plan: dict[str, Any], pb: Playbook | None, now: float) -> None:
+    def start(self, rec: StoredRecord, plan: dict[str, Any], pb: Playbook | None, now: float) -> None:
         """Decide each job's save_checkpoint record that does not exist yet (under its planned id)."""
         jobs = [(str(job), str(cid)) for job, cid in plan.get("jobs") or []]
         if not jobs:
@@ -113,28 +114,27 @@ class Checkpoints:
         missing = [(job, cid) for (job, cid), there in zip(jobs, pipe.execute()) if not there]
         if not missing:
             return
-        was = records.alert_of(h)
-        alert = alert_of_record(was, "firing", str(was.get("fingerprint", "")))
+        alert = alert_of_record(rec.alert_dict, "firing", rec.fingerprint)
         left = max(1.0, int(plan["deadline_ms"]) / 1000 - now)
-        child = Playbook(name=h.get("playbook") or (pb.name if pb else "manual"), matchers=(), target="job",
+        child = Playbook(name=rec.playbook or (pb.name if pb else "manual"), matchers=(), target="job",
                          actions=(Step("save_checkpoint", {}),), expire_after=left)
         for job, cid in missing:
             d = Decision(child, "manual", alert, Resolution(keys.Target("job", job), {}),
-                         requested_by=h.get("requested_by") or "webhook")
-            o = self.dispatcher.decide_one(d, now, parent=h["id"], rid=cid)
-            log.info("checkpoint of job %s for %s: %s", job, h["id"], o.status,
+                         requested_by=rec.requested_by)
+            o = self.dispatcher.decide_one(d, now, parent=rec.id, rid=cid)
+            log.info("checkpoint of job %s for %s: %s", job, rec.id, o.status,
                      extra={"remediation_id": cid, "target": f"job:{job}"})
 
-    def wait(self, h: Mapping[str, Any], step: Step0, pb: Playbook | None,
+    def wait(self, rec: StoredRecord, step: Step0, pb: Playbook | None,
              now: float) -> tuple[str, str, str] | None:
         """(status, reason, result JSON) of the checkpoint step once its wait is over, else None (still waiting)."""
-        plan = self.plan(h, step, now)
-        self.start(h, plan, pb, now)
+        plan = self.plan(rec, step, now)
+        self.start(rec, plan, pb, now)
         jobs = [(str(job), str(cid)) for job, cid in plan.get("jobs") or []]
         started = int(plan["started_ms"]) / 1000
         if not jobs:
             result = {"jobs": [], "waited": "no_jobs", "waited_s": 0.0,
-                      "message": f"No job has a live process on {keys.target_of_record(h['id']).name}."}
+                      "message": f"No job has a live process on {rec.target.name}."}
             return "skipped", "no_jobs", json.dumps(result)
         pipe = self.r.pipeline(transaction=False)
         for job, cid in jobs:

@@ -8,14 +8,18 @@ import json
 import logging
 from typing import Any
 
-from ...client.wire import keys, records
-from ...client.wire.records import ActionReason, ActionStatus, Reason
+from ...client.wire import keys
+from ...client.wire.protocol import command_message, dumps, rfc3339
+from ...client.wire.status import ActionReason, ActionStatus, Reason
 
 from ..prometheus import Prometheus, PrometheusError
 from ..rules import conditions
 from ..rules.playbooks import Playbook
+from ..store.decision import send_arg
+from ..store.record import StoredRecord
+from ..store.scripts import deferred_call
 from .checkpoints import Checkpoints, pending_step
-from .dispatch import Dispatcher, command_for
+from .dispatch import Dispatcher
 
 log = logging.getLogger("trainmedic.conditions")
 
@@ -60,29 +64,33 @@ class Conditions:
             return ActionReason.CONDITION_FALSE, f"The condition returned nothing, so the step did not run: {query}"
         return None, f"The condition held: {query}"
 
-    def run(self, target: keys.Target, rec: records.StoredRecord, now: float,
-            pb: Playbook | None = None) -> str | None:
+    def run(self, target: keys.Target, rec: StoredRecord, now: float, pb: Playbook | None = None) -> str | None:
         """Carry out checkpoint_jobs first, then evaluate the pending steps' conditions and send the rest; the
         record's status after (None while its jobs' checkpoints are awaited, or when another did it)."""
         early: list[tuple[int, str, str, str]] = []
         results: dict[int, str] = {}
         send = []
-        rid, h = rec.id, rec.raw
-        pending = [i for i in range(rec.n) if rec.action_status(i) == ActionStatus.PENDING]
-        if not records.intact(rid, h, self.dispatcher.signer):
+        rid = rec.id
+        ks = self.dispatcher.keyspace
+        pending = [i for i, a in enumerate(rec.actions) if a.status == ActionStatus.PENDING]
+        expires_at = (rec.expires_ms or 0) / 1000
+        if not rec.decided or not rec.intact(self.dispatcher.signer):
             # Its hash no longer holds what was decided: nothing of it is sent.
             self.dispatcher.refuse_tampered(rid, "sending its steps after their conditions")
             early = [(i, ActionStatus.SKIPPED, ActionReason.TAMPERED, TAMPERED) for i in pending]
-            return records.deferred(self.dispatcher.scripts, rid, now, "", "", tuple(early),
-                                    self.dispatcher.settings.mailbox_maxlen, Reason.TAMPERED)
-        ckpt = pending_step(h)
+            answer = ks.run([deferred_call(ks, rid, now, "", "", expires_at, tuple(early), Reason.TAMPERED)],
+                            [target])[0]
+            return str(answer) if answer else None
+        ckpt = pending_step(rec)
         if ckpt is not None:
-            done = self.checkpoints.wait(h, ckpt, pb, now)
+            done = self.checkpoints.wait(rec, ckpt, pb, now)
             if done is None:
                 self.checkpoints.retry_at(target, rid, now)
                 return None
             early.append((ckpt.index, done[0], done[1], ""))
-            results[ckpt.index] = done[2]
+            # The service carried the step out itself: its answer, as an applier's would be.
+            results[ckpt.index] = dumps({"reason": done[1] or None, "result": json.loads(done[2]),
+                                         "at": rfc3339(now), "by": "service"})
         values = self.values(target, rec.context)
         for i, st in enumerate(rec.steps):
             if i not in pending or i in results:
@@ -92,17 +100,15 @@ class Conditions:
                 if reason is not None:
                     early.append((i, ActionStatus.SKIPPED, reason, why))
                     continue
-            send.append((i, st))
-        text = signature = ""
+            send.append(i)
+        signature = sent = ""
         if send:
-            alert = rec.alert
-            expires = int(h.get("expires_ms") or 0) / 1000
-            cmd = command_for(rid, target, send, rec.context, now, max(1.0, expires - now),
-                              alert.get("fingerprint", ""), records.fence_of(h, alert), alert.get("starts_at", ""))
-            text = cmd.to_json()
-            signature = self.dispatcher.signer.sign(text.encode())
-        status = records.deferred(self.dispatcher.scripts, rid, now, text, signature, tuple(early),
-                                  self.dispatcher.settings.mailbox_maxlen, results=results)
+            # The command goes out now, with what is left of its time (at least a second).
+            expires_at = max(expires_at, now + 1.0)
+            sent = send_arg(send, rec.n)
+            signature = self.dispatcher.signer.sign(command_message(rid, int(expires_at * 1000), sent, rec.decided))
+        answer = ks.run([deferred_call(ks, rid, now, signature, sent, expires_at, tuple(early), results=results)],
+                        [target])[0]
         log.info("conditions of %s evaluated: %d step(s) sent, %d skipped", rid, len(send), len(early),
                  extra={"remediation_id": rid, "target": target.label})
-        return status
+        return str(answer) if answer else None

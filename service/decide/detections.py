@@ -1,10 +1,10 @@
 """Detections: what training clients detect in the loop, and the hangs the service sees, decided at once.
 
-A client appends a detection to its job's own stream (keys.detections) and publishes on its job's own
-detections channel; a listener here hears it at once and decides it as if Alertmanager had delivered it, with
-`requested_by: detector`. The job name always comes from the stream's key, never from what the job wrote, so
-a job can raise alerts only about itself. The reconciler also looks at every job that marked itself due, so
-a wake-up lost while no listener ran is decided within its next pass.
+A client appends a detection to its job's own stream (keys.detections) and says so on its job's own channel;
+the service's listener (service/listener.py) hears it at once and decides it as if Alertmanager had delivered
+it, with `requested_by: detector`. The job name always comes from the stream's key, never from what the job
+wrote, so a job can raise alerts only about itself. The reconciler also looks at the detections of every job it
+visits, so one said while no listener ran is decided within its next look at the job.
 """
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ import logging
 import math
 import os
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import redis
-
 from ...client.wire import keys
-from ...client.wire.protocol import DETECTED, parse_rfc3339, rfc3339
+from ...client.wire.protocol import parse_rfc3339, rfc3339
 
 from .. import signals
 from ..http import HttpError
@@ -82,15 +79,18 @@ class Detections:
         self.on_outcomes = on_outcomes
         self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._next_scan = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failing = False
 
     # -- deciding one detection
     def decide(self, target: keys.Target, alertname: str, status: str, starts_at: str, ends_at: str = "",
                summary: str = "") -> list[Outcome]:
-        """Decide a detection of `target` as Alertmanager's notification of it would be, then post it there."""
+        """Decide a detection of `target` as Alertmanager's notification of it would be, then post it there.
+
+        At most one firing detection of a detector and job is decided (and posted) per cooldown of the
+        playbooks that answer it: a detector that flaps makes one record, not one a flap. A resolve is decided
+        (it closes the episode, and runs on_resolved) and posted only for the episode that was."""
         labels = labels_of(target, alertname)
+        if not self._let_through(target, alertname, status, starts_at, labels):
+            return []
         notes = {"summary": summary} if summary else {}
         alert = Alert(status=status, labels=labels, annotations=notes, starts_at=starts_at,
                       ends_at=ends_at, fingerprint=fingerprint(labels), episode_start=episode_start(starts_at),
@@ -108,6 +108,17 @@ class Detections:
             self.on_outcomes(outcomes)
         self._post(alert)
         return outcomes
+
+    def _let_through(self, target: keys.Target, alertname: str, status: str, starts_at: str,
+                     labels: Mapping[str, str]) -> bool:
+        """Whether this detection is decided: a firing one when none of the detector was within the cooldown
+        (it then holds the limit, naming its episode), a resolve when it names that episode."""
+        limit = keys.detection_limit(target, alertname)
+        if status == "firing":
+            cooldown = max([pb.cooldown for pb in self.playbooks if pb.matches(labels)] or [0.0])
+            return bool(self.r.set(limit, starts_at, nx=True, px=max(1000, int(cooldown * 1000))))
+        held = self.r.get(limit)
+        return held is None or episode_start(str(held)) == episode_start(starts_at)
 
     def _post(self, alert: Alert) -> None:
         """Show the detection in Alertmanager with the same labels and start, so its notification of it is a
@@ -168,8 +179,6 @@ class Detections:
         if not force and now < self._next_scan:
             return []
         self._next_scan = now + HANG_SCAN_INTERVAL
-        # Jobs whose signals expired leave the scrape's index even while nobody scrapes.
-        self.r.zremrangebyscore(keys.SIGNALS_JOBS, "-inf", f"({int(now * 1000)}")
         # Live now: a heartbeat within its TTL (keys.live scores when it stops counting).
         jobs = signals.recent_jobs(self.r, now, 0.0)
         hung: dict[str, float] = {}
@@ -201,61 +210,6 @@ class Detections:
                                    f"Job {job.name} heartbeats but its step has stayed at {steps[label]:.0f} for "
                                    f"{self.hang_after:.0f} seconds."))
         return out
-
-    # -- the listener
-    def start(self) -> Detections:
-        """Listen for detections in a daemon thread until stop()."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._listen, name="trainmedic-detections", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _listen(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            pubsub = None
-            try:
-                pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-                pubsub.psubscribe(keys.JOB_DETECTED)
-                if self._failing:
-                    self._failing = False
-                    log.info("detections: listening again")
-                backoff = 0.1
-                while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=1.0)
-                    if msg is None or msg.get("data") != DETECTED:
-                        continue
-                    target = keys.detected_target(str(msg.get("channel")))
-                    if target is not None:
-                        self._handle_safely(target)
-            except redis.RedisError as exc:
-                if not self._failing:
-                    self._failing = True
-                    log.warning("detections: cannot listen (%s); the reconciler's passes decide them meanwhile",
-                                exc)
-            except Exception:  # a bug must not stop listening for good
-                log.exception("detections: the listener failed")
-            finally:
-                try:
-                    if pubsub is not None:
-                        pubsub.close()
-                except Exception:
-                    pass
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    def _handle_safely(self, target: keys.Target) -> None:
-        try:
-            self.handle(target)
-        except redis.RedisError:
-            raise
-        except Exception:  # one job's bad entry must not stop the others
-            log.exception("detections: deciding %s's detections failed", target.label)
 
 
 _SUMMARY = {NAN: "The training loss of job {{job}} was {value} at step {step} (detected in the training loop).",

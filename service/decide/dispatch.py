@@ -4,19 +4,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from ...client.wire import cluster, keys, protocol, records
+from ...client.wire import keys
 from ...client.wire.actions import BY_SERVICE
-from ...client.wire.protocol import ActionCall, Command, parse_rfc3339
-from ...client.wire.records import ActionReason, ActionStatus, Mode, Reason, RecordStatus, Step
-from ...client.wire.redis import run_scripts
+from ...client.wire.protocol import command_message, parse_rfc3339
 from ...client.wire.signing import Signer
+from ...client.wire.status import ActionReason, ActionStatus, Mode, Reason, RecordStatus
 
+from ..store import decision, record
+from ..store.decision import Early, NewRecord, Step, send_arg
+from ..store.scripts import Decided, Keyspace, approve_call, decide_many_calls
+from ..store.seals import seal_text
 from .breaker import HOLDS, Breaker
 from .plan import Decision
 
@@ -25,17 +29,21 @@ log = logging.getLogger("trainmedic.dispatch")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # Two Crockford characters per 10 bits: an id is 13 look-ups instead of 26.
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
-# The last id's microseconds, per thread: a notification is decided by one thread, and a lock shared by a
-# worker's threads showed in the storm's profile (5 % of its samples).
-_last = threading.local()
+# Per thread: the last id's microseconds (ids of one thread strictly increase, so a notification's records list
+# in order) and a generator seeded once from os.urandom, so an id costs no system call. A notification is
+# decided by one thread, and a lock shared by a worker's threads showed in the storm's profile.
+_local = threading.local()
 
 
 def new_record_id(target: keys.Target) -> str:
     """A time-sortable id (microseconds, then randomness) that also names its target, so its keys can be found."""
-    # Strictly increasing within a thread, so records of one notification list in order.
-    us = max(time.time_ns() // 1000, getattr(_last, "us", 0) + 1)
-    _last.us = us
-    n = (us << 75) | int.from_bytes(os.urandom(10), "big") >> 5
+    gen = getattr(_local, "gen", None)
+    if gen is None or getattr(_local, "pid", None) != os.getpid():  # a forked worker seeds its own
+        gen = _local.gen = random.Random(os.urandom(32))
+        _local.pid = os.getpid()
+    us = max(time.time_ns() // 1000, getattr(_local, "us", 0) + 1)
+    _local.us = us
+    n = (us << 75) | gen.getrandbits(75)
     ulid = "".join([_PAIRS[(n >> s) & 1023] for s in range(120, -10, -10)])
     return f"{ulid}~{target.kind}~{target.name}"
 
@@ -48,8 +56,7 @@ class DispatchSettings:
     # Refreshed by every resend, so a long episode stays one episode; a closed one is kept this long too
     # (tombstones: a firing retry that arrives after its resolve is still a duplicate).
     episode_ttl: float = 2 * 86400.0
-    record_ttl: float = 30 * 86400.0
-    mailbox_maxlen: int = 100
+    mailbox_max: int = decision.MAILBOX_MAX
     # With Alertmanager's API, the reconciler asks it about open obligations this often; without it, it
     # waits each playbook's resolve_timeout after the last firing notification.
     alertmanager_poll: float | None = None
@@ -85,10 +92,11 @@ class Draft:
     decision: Decision
     now: float
     rid: str
-    early: records.Early
+    decided: str  # the record's `d`
+    early: Early
     send: tuple[tuple[int, Step], ...]
     defer: bool
-    command: str  # the command's exact bytes, as text ("" when nothing goes out now)
+    message: bytes  # what the command is signed over (b"" when nothing goes out now)
     reach: Reach | None
     check_reach: bool
     prev: str
@@ -116,7 +124,7 @@ class Reach:
 
 
 def plan_send(target: keys.Target, steps: Sequence[Step],
-              reach: Reach | None) -> tuple[records.Early, list[tuple[int, Step]], bool]:
+              reach: Reach | None) -> tuple[Early, list[tuple[int, Step]], bool]:
     """Which steps go out now: (decided early, (index, step) to send, whether `when:` conditions come first).
 
     A live target whose heartbeat does not list a step's action cannot apply it: an optional step is
@@ -138,24 +146,10 @@ def plan_send(target: keys.Target, steps: Sequence[Step],
     return tuple(early), send, any(st.when or st.action in BY_SERVICE for _, st in send)
 
 
-def command_for(record_id: str, target: keys.Target, steps: Iterable[tuple[int, Step]], context: dict, now: float,
-                expire_after: float, fingerprint: str = "", fence: str = "", starts_at: str = "") -> Command:
-    """The mailbox command for a record's actions (each keeps its index in the record)."""
-    calls = tuple(ActionCall(i, st.action, dict(st.params), st.optional) for i, st in steps)
-    return Command(record_id=record_id, kind=target.kind, target=target.name, actions=calls, issued_at=now,
-                   expires_at=now + expire_after, context=context, fingerprint=fingerprint, fence=fence,
-                   starts_at=starts_at)
-
-
 def _ms_of(text: str, default: float) -> int:
     """Milliseconds since the epoch of an RFC 3339 time (a resolve's endsAt), else of `default`."""
     t = parse_rfc3339(text)
     return int((default if t is None else t) * 1000)
-
-
-def steps_of(h: dict[str, str]) -> list[Step]:
-    """A record's steps, from its hash."""
-    return [Step(**json.loads(h[f"a:{i}:spec"])) for i in range(int(h.get("n") or 0))]
 
 
 class Dispatcher:
@@ -165,19 +159,21 @@ class Dispatcher:
         self.r = r
         self.signer = signer
         self.settings = settings
-        self.scripts = records.Scripts(r)
-        self.breaker = Breaker(r, self.scripts)
+        self.keyspace = Keyspace(r)
+        self.breaker = Breaker(r)
 
-    def execute(self, decisions: list[Decision]) -> list[Outcome]:
-        """Decide, record and dispatch each decision atomically, and index the new records.
+    def execute(self, decisions: list[Decision], now: float | None = None) -> list[Outcome]:
+        """Decide, record and dispatch each decision atomically, and index the new records (now: the decision's
+        time, for a virtual clock; else the clock's).
 
         One DECIDE_MANY call per hash slot, all in one pipeline: on a single Redis that is one call for the
-        whole notification, indexes included (one round trip); on Redis Cluster one call per slot that the
-        notification's targets fall in, then the indexes (their own slots) in a second pipeline.
+        whole notification, indexes included (one round trip, two with a bounded playbook's breaker); on Redis
+        Cluster one call per slot that the notification's targets fall in, then the indexes (their own slots) in
+        a second pipeline.
         """
         if not decisions:
             return []
-        now = time.time()
+        now = time.time() if now is None else now
         # The breaker first (its own slot): a pair refused a place is recorded skipped / breaker_open.
         bounded = [i for i, d in enumerate(decisions) if d.playbook.max_active and d.mode == "firing"
                    and d.steps and not d.resolution.reason and d.target.name]
@@ -195,7 +191,7 @@ class Dispatcher:
         news = self.new_records([self._draft(d, now, rid=rids.get(i, ""), check_reach=bool(
             d.steps and not d.resolution.reason and d.target.name)) for i, d in enumerate(decisions)])
         answers = self._run(news)
-        again = [i for i, a in enumerate(answers) if str(a[0]) == "reach"]
+        again = [i for i, a in enumerate(answers) if a.status == "reach"]
         if again:
             reach = self.reach({decisions[i].target for i in again})
             redone = self.new_records([self._draft(decisions[i], now, reach=reach.get(decisions[i].target),
@@ -206,38 +202,40 @@ class Dispatcher:
                 answers[i] = a
         if claims:
             self.breaker.release([(decisions[i].playbook, rids[i]) for i, c in claims.items()
-                                  if c == "ok" and str(answers[i][0]) not in HOLDS], now)
+                                  if c == "ok" and answers[i].status not in HOLDS], now)
             for i, c in claims.items():
-                if c == "opened" and str(answers[i][0]) == RecordStatus.SKIPPED:
+                if c == "opened" and answers[i].status == RecordStatus.SKIPPED:
                     self.breaker.opened(rids[i], decisions[i].playbook.name, now)
         return self._finish(news, answers)
 
-    def submit(self, news: list[records.NewRecord]) -> list[Outcome]:
+    def submit(self, news: list[NewRecord]) -> list[Outcome]:
         """Decide records made by new_record as they are (no second look at the heartbeat), and index them."""
         return self._finish(news, self._run(news))
 
-    def _finish(self, news: list[records.NewRecord], answers: list[Any]) -> list[Outcome]:
+    def _finish(self, news: list[NewRecord], answers: list[Decided]) -> list[Outcome]:
         """The outcomes of DECIDE_MANY's answers; on Redis Cluster, the indexes it could not write itself.
 
         The scripts journaled the records: a history query folds the journal in before it answers, so they are
         listed as soon as the webhook has answered, without the webhook waiting for the indexer.
         """
-        outcomes = [Outcome(status=str(a[0]), record_id=str(a[1]) or None, playbook=n.playbook,
-                            fingerprint=n.fingerprint, reason=str(a[2]) or None) for n, a in zip(news, answers)]
-        if not cluster.scripts_reach_all(self.r):
-            self._index_elsewhere(outcomes, news, [int(a[3]) for a in answers])
+        outcomes = [Outcome(status=a.status, record_id=a.record_id, playbook=n.playbook, fingerprint=n.fingerprint,
+                            reason=a.reason) for n, a in zip(news, answers)]
+        if not self.keyspace.single:
+            self._index_elsewhere(outcomes, news, answers)
         return outcomes
 
-    def _run(self, news: list[records.NewRecord]) -> list[Any]:
+    def _run(self, news: list[NewRecord]) -> list[Decided]:
         """DECIDE_MANY's answers for these pairs, in order: one pipeline of calls, a group per hash slot (one
         group on a single Redis, where the calls write the indexes too)."""
-        groups = cluster.by_slot(self.r, news, lambda n: n.target.tag)
-        index = cluster.scripts_reach_all(self.r)
-        calls = [c for idxs in groups for c in records.decide_many_calls(self.scripts, [news[i] for i in idxs], index)]
-        flat = [a for batch in run_scripts(self.r, calls) for a in batch]
-        answers: list[Any] = [None] * len(news)
+        from ...client.wire.cluster import by_slot
+
+        ks = self.keyspace
+        groups = by_slot(self.r, news, lambda n: n.target.tag)
+        calls = [c for idxs in groups for c in decide_many_calls(ks, [news[i] for i in idxs], ks.single)]
+        flat = [a for batch in ks.run(calls, (n.target for n in news)) for a in batch]
+        answers: list[Decided] = [Decided("", None, None, None)] * len(news)
         for i, a in zip((i for idxs in groups for i in idxs), flat):
-            answers[i] = a
+            answers[i] = Decided.of(a)
         return answers
 
     def reach(self, targets: Iterable[keys.Target]) -> dict[keys.Target, Reach]:
@@ -252,79 +250,79 @@ class Dispatcher:
 
     def new_record(self, d: Decision, now: float, prev: str = "", parent: str = "",
                    extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
-                   check_reach: bool = False, rid: str = "") -> records.NewRecord:
+                   check_reach: bool = False, rid: str = "") -> NewRecord:
         """The DECIDE arguments for one decision, its command signed (prev, parent: a stage's ladder, or the
         node record a checkpoint belongs to); check_reach: made with every step, for DECIDE to check against
         the heartbeat; rid: the record's id when the caller chose it already."""
         return self.new_records([self._draft(d, now, prev, parent, extra, reach, check_reach, rid)])[0]
 
-    def new_records(self, drafts: list[Draft]) -> list[records.NewRecord]:
+    def new_records(self, drafts: list[Draft]) -> list[NewRecord]:
         """The records of several drafts, their commands signed with one signature (Signer.sign_many; a
         lone command gets a plain one)."""
-        sigs = iter(self.signer.sign_many([x.command.encode() for x in drafts if x.command]))
-        return [self._record(x, next(sigs) if x.command else "") for x in drafts]
+        sigs = iter(self.signer.sign_many([x.message for x in drafts if x.message]))
+        return [self._record(x, next(sigs) if x.message else "") for x in drafts]
 
     def _draft(self, d: Decision, now: float, prev: str = "", parent: str = "",
                extra: tuple[tuple[str, str], ...] = (), reach: Reach | None = None,
                check_reach: bool = False, rid: str = "") -> Draft:
-        """A decision's record before its command is signed: its id, what goes out now, the command's bytes."""
+        """A decision's record before its command is signed: its id, what was decided, what goes out now."""
         pb, target = d.playbook, d.target
         rid = rid or new_record_id(target)
-        command = ""
-        early, send, defer = plan_send(target, d.steps, reach)
+        steps = d.steps
+        decided = decision.decided_text(pb.name, d.mode, d.requested_by, d.alert.as_dict(), steps,
+                                        d.resolution.context, d.alert.episode_start, d.stage, parent,
+                                        pb.expire_after)
+        early, send, defer = plan_send(target, steps, reach)
+        message = b""
         if send and not defer and not d.resolution.reason:
-            fence = protocol.fence(d.alert.fingerprint, d.alert.episode_start, pb.name, d.stage, d.mode)
-            command = command_for(rid, target, send, d.resolution.context, now, pb.expire_after,
-                                  d.alert.fingerprint, fence, d.alert.starts_at).to_json()
-        return Draft(d, now, rid, early, tuple(send), defer, command, reach, check_reach, prev, parent, extra)
+            message = command_message(rid, int((now + pb.expire_after) * 1000),
+                                      send_arg([i for i, _ in send], len(steps)), decided)
+        return Draft(d, now, rid, decided, early, tuple(send), defer, message, reach, check_reach, prev, parent,
+                     extra)
 
-    def _record(self, x: Draft, signature: str) -> records.NewRecord:
+    def _record(self, x: Draft, signature: str) -> NewRecord:
         """A draft's DECIDE arguments, with its command's signature."""
         d, now, s = x.decision, x.now, self.settings
         pb = d.playbook
-        return records.NewRecord(
-            rid=x.rid, target=d.target, playbook=pb.name, mode=d.mode, steps=d.steps, alert=d.alert.as_dict(),
-            episode_start=d.alert.episode_start, fingerprint=d.alert.fingerprint, now=now,
-            context=d.resolution.context, detail=d.resolution.detail or "", forced_reason=d.resolution.reason or "",
-            requested_by=d.requested_by, ends_at=d.alert.ends_at if d.mode == "resolved" else "",
+        return NewRecord(
+            rid=x.rid, target=d.target, playbook=pb.name, mode=d.mode, decided=x.decided, n=len(d.steps),
+            alertname=d.alert.alertname, episode_start=d.alert.episode_start, fingerprint=d.alert.fingerprint,
+            now=now, detail=d.resolution.detail or "", forced_reason=d.resolution.reason or "",
+            ends_at=d.alert.ends_at if d.mode == "resolved" else "",
             ends_ms=_ms_of(d.alert.ends_at, now) if d.mode == "resolved" else 0, extra=x.extra,
-            guards=records.Guards(cooldown=pb.cooldown, budget=pb.max_runs or (0, 0.0), approval=pb.approval,
-                                  approval_timeout=pb.approval_timeout, dry_run=pb.dry_run or s.dry_run),
-            keep=records.Retention(expire_after=pb.expire_after, record_ttl=s.record_ttl, episode_ttl=s.episode_ttl,
-                                   obligation_due=s.alertmanager_poll or pb.resolve_timeout,
-                                   mailbox_maxlen=s.mailbox_maxlen),
-            ladder=records.Ladder(stage=d.stage, parent=x.parent, prev=x.prev),
-            delivery=records.Delivery(
-                command=x.command, signature=signature, early=x.early,
+            expires_at=now + pb.expire_after,
+            guards=decision.Guards(cooldown=pb.cooldown, budget=pb.max_runs or (0, 0.0), approval=pb.approval,
+                                   approval_timeout=pb.approval_timeout, dry_run=pb.dry_run or s.dry_run),
+            keep=decision.Retention(expire_after=pb.expire_after, episode_ttl=s.episode_ttl,
+                                    obligation_due=s.alertmanager_poll or pb.resolve_timeout,
+                                    mailbox_max=s.mailbox_max),
+            ladder=decision.Ladder(stage=d.stage, parent=x.parent, prev=x.prev),
+            delivery=decision.Delivery(
+                signature=signature, send=send_arg([i for i, _ in x.send], len(d.steps)), early=x.early,
                 no_live=x.reach is not None and not x.reach.live, defer=x.defer, check_reach=x.check_reach,
                 need=tuple(st.action for _, st in x.send if st.action not in BY_SERVICE) if x.check_reach else (),
                 follow=d.answers_for_alert or bool(pb.notify) or s.notify or x.defer,
                 visit_now=x.defer or bool(pb.notify) or s.notify or pb.silence, undo=bool(pb.on_resolved),
                 verify=pb.verify if d.answers_for_alert else None),
-            sealer=self.signer.seal)
+            seal=self.signer.seal(seal_text(x.rid, x.decided)))
 
-    def _index_elsewhere(self, outcomes: list[Outcome], news: list[records.NewRecord], firsts: list[int]) -> None:
+    def _index_elsewhere(self, outcomes: list[Outcome], news: list[NewRecord], answers: list[Decided]) -> None:
         """Redis Cluster: the approvals and due-target indexes (their own slots) of what DECIDE_MANY decided,
         at the due times it answered (lua/decide_many.lua writes them itself on a single Redis)."""
         due: dict[str, int] = {}
-        for n, first in zip(news, firsts):
-            if first >= 0:
-                due[n.target.label] = min(due.get(n.target.label, first), first)
-        held = {o.record_id: n.now + n.guards.approval_timeout for o, n in zip(outcomes, news)
+        for n, a in zip(news, answers):
+            if a.first_ms is not None:
+                due[n.target.label] = min(due.get(n.target.label, a.first_ms), a.first_ms)
+        held = {o.record_id: int((n.now + n.guards.approval_timeout) * 1000) for o, n in zip(outcomes, news)
                 if o.status == RecordStatus.PENDING_APPROVAL}
-        # A duplicate journals its record again (idempotent): that heals a listing lost to a crash in between.
-        heal = [o.record_id for o in outcomes if o.record_id and not o.new]
-        if not (due or held or heal):
+        if not (due or held):
             return
         pipe = self.r.pipeline(transaction=False)
-        if heal:
-            pipe.rpush(keys.HIST_JOURNAL, *heal)
         if held:
             pipe.zadd(keys.APPROVALS, held)
         if due:
             # Each target's earliest due time; LT never moves one later (the reconciler does that itself).
             pipe.zadd(keys.DUE, due, lt=True)
-            pipe.sadd(keys.MAILBOXES, *due)
         pipe.execute()
 
     def decide_one(self, d: Decision, now: float | None = None, prev: str = "", parent: str = "",
@@ -341,45 +339,49 @@ class Dispatcher:
                   extra={"remediation_id": record_id})
 
     def decide_held(self, record_id: str, verb: str, by: str, comment: str, undo: bool,
-                    obligation_due: float) -> list:
+                    obligation_due: float, now: float | None = None) -> list[str]:
         """Approve (release, signed anew with a fresh expiry) or reject a record held for approval.
 
-        The release signs only what was decided: a hold whose hash no longer matches its seal (someone wrote to
-        it in Redis) is ended `skipped` / `tampered` instead (verb 'tamper' of APPROVE)."""
-        rec = records.load(self.r, record_id)
+        The release signs only what was decided. A hold is pending only while the service's approvals index
+        (which no trainer or agent may write) lists it, with its deadline: a record that says it is held while
+        the index does not list it, or whose decision no longer matches its seal (someone wrote to it in Redis),
+        is never signed: it ends `skipped` / `tampered` instead (verb 'tamper' of APPROVE)."""
+        now = time.time() if now is None else now
+        try:
+            rec = record.load(self.r, record_id)
+        except record.BadRecord:
+            rec = None
         if rec is None:
             return ["missing"]
-        target, alert = rec.target, rec.alert
-        now = time.time()
-        expire_after = rec.expire_after
-        text = signature = ""
-        early: records.Early = ()
+        if rec.status != RecordStatus.PENDING_APPROVAL:
+            return ["not_pending", rec.status]
+        target = rec.target
+        deadline = self.r.zscore(keys.APPROVALS, record_id)
+        if deadline is None or not rec.decided or not rec.intact(self.signer):
+            verb = "tamper"
+        early: Early = ()
         send: list[tuple[int, Step]] = []
         defer = False
-        if (verb == "approve" and rec.status == RecordStatus.PENDING_APPROVAL
-                and not records.intact(record_id, rec.raw, self.signer)):
-            verb = "tamper"
+        signature = sent = ""
+        expires_at = now + rec.expire_after
         if verb == "approve":
             early, send, defer = plan_send(target, rec.steps, self.reach([target]).get(target))
         if send and not defer:
-            cmd = command_for(record_id, target, send, rec.context, now, expire_after, alert.get("fingerprint", ""),
-                              records.fence_of(rec.raw, alert), alert.get("starts_at", ""))
-            text = cmd.to_json()
-            signature = self.signer.sign(text.encode())
-        answer = run_scripts(self.r, [records.approve_call(
-            self.scripts, record_id, verb=verb, now=now, by=by, comment=comment, command=text,
-            signature=signature, expires_at=now + expire_after, playbook=rec.playbook,
-            fingerprint=alert.get("fingerprint", ""), firing=rec.mode in (Mode.FIRING, Mode.STAGE), undo=undo,
-            obligation_due=obligation_due, episode_ttl=self.settings.episode_ttl,
-            maxlen=self.settings.mailbox_maxlen, early=early, defer=defer)])[0]
-        answer = [str(x) for x in answer]
+            sent = send_arg([i for i, _ in send], rec.n)
+            signature = self.signer.sign(command_message(record_id, int(expires_at * 1000), sent, rec.decided))
+        ks = self.keyspace
+        answer = [str(x) for x in ks.run([approve_call(
+            ks, record_id, verb=verb, now=now, by=by, comment=comment, signature=signature, send=sent,
+            expires_at=expires_at, playbook=rec.playbook, fingerprint=rec.fingerprint,
+            firing=rec.mode in (Mode.FIRING, Mode.STAGE), undo=undo, obligation_due=obligation_due,
+            episode_ttl=self.settings.episode_ttl, deadline_ms=int(deadline if deadline is not None else 0),
+            early=early, defer=defer)], [target])[0]]
         if answer[0] == Reason.TAMPERED:
             self.refuse_tampered(record_id, "its approval")
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
         if answer[0] == RecordStatus.DISPATCHED or rec.follow:
-            first = now if rec.follow else min(now + expire_after, now + obligation_due)
+            first = now if rec.follow else min(now + rec.expire_after, now + obligation_due)
             pipe.zadd(keys.DUE, {target.label: int(first * 1000)}, lt=True)
-            pipe.sadd(keys.MAILBOXES, target.label)
         pipe.execute()
         return answer

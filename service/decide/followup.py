@@ -9,16 +9,22 @@ are only ever called from here, never from the webhook.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from ...client.wire import keys, records
+from ...client.wire import keys
 from ...client.wire.protocol import parse_rfc3339, rfc3339
-from ...client.wire.records import ActionStatus, Mode, Outcome, Reason, RecordStatus, Requester
+from ...client.wire.status import ActionStatus, Mode, Outcome, Reason, RecordStatus, Requester
 
-from .. import outcomes
+from .. import outcomes, repairs
+from ..store import record
+from ..store.decision import state_ttl
+from ..store.record import StoredRecord
+from ..store.scripts import verdict_call
+from ..store.seals import silence_text
 from ..http import HttpError
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
@@ -83,38 +89,37 @@ class FollowUp:
         self.alertmanager = alertmanager
         self.notifier = notifier
         self.public_url = public_url.rstrip("/")
-        self.scripts = records.Scripts(r)
 
     def link(self, record_id: str) -> str:
         return f"{self.public_url}/records/{record_id}"
 
     def run(self, target: keys.Target, rid: str, now: float, view: AlertView) -> None:
         """Do what is due for the record, then set when it is next due (or stop following it)."""
-        rec = records.load(self.r, rid)
-        if rec is not None and rec.raw.get("conds") == "1" and rec.status == RecordStatus.DISPATCHED:
+        rec = self._load(rid)
+        if rec is not None and rec.waiting_conditions and rec.status == RecordStatus.DISPATCHED:
             ran = self.conditions.run(target, rec, now, self.playbooks.get(rec.playbook))
-            rec = records.load(self.r, rid) if ran else rec
+            rec = self._load(rid) if ran else rec
         pb = self.playbooks.get(rec.playbook) if rec is not None else None
         if rec is None or not rec.follow or pb is None:
             self._stop(target, rid)
             return
-        h, status = rec.raw, rec.status
-        if h.get("breaker_opened") and rec.reason == Reason.BREAKER_OPEN:
+        status = rec.status
+        if rec.breaker_opened and rec.reason == Reason.BREAKER_OPEN:
             # The refusal that opened its playbook's breaker: one notification, nothing else to follow.
-            self._notify(h, pb, ["breaker_open"])
+            self._notify(rec, pb, ["breaker_open"])
             self._stop(target, rid)
             return
         if status == RecordStatus.SKIPPED and rec.reason == Reason.NO_ACTIONS:
             # A playbook with nothing to run (TrainingHang's): one notification, nothing else to follow.
-            self._notify(h, pb, ["no_actions"])
+            self._notify(rec, pb, ["no_actions"])
             self._stop(target, rid)
             return
         if status == RecordStatus.PENDING_APPROVAL:
-            self._notify(h, pb, ["held"])
+            self._notify(rec, pb, ["held"])
             return  # RECONCILE keeps it due at its approval deadline
-        if self._silence_wanted(h, pb) and status in (RecordStatus.DISPATCHED, RecordStatus.APPLIED,
-                                                                RecordStatus.PARTIALLY_APPLIED):
-            rec = records.StoredRecord.from_hash(rid, {**h, "silence_id": self._make_silence(h, pb, now) or ""})
+        if self._silence_wanted(rec, pb) and status in (RecordStatus.DISPATCHED, RecordStatus.APPLIED,
+                                                        RecordStatus.PARTIALLY_APPLIED):
+            rec = dataclasses.replace(rec, silence_id=self._make_silence(rec, pb, now))
         if status == RecordStatus.DISPATCHED:
             return  # RECONCILE keeps it due at its expiry
         work = _Pass(self, target, rec, pb, now, view)
@@ -124,109 +129,110 @@ class FollowUp:
         else:
             self.r.zadd(keys.due_items(target), {rid: int(due * 1000)})
 
+    def _load(self, rid: str) -> StoredRecord | None:
+        """The record, or None when it is gone or does not read as one (counted as a repair: nothing follows)."""
+        try:
+            return record.load(self.r, rid)
+        except record.BadRecord as exc:
+            repairs.note(self.r, f"record {rid} does not read as one ({exc}); the reconciler stops following it")
+            return None
+
     def _stop(self, target: keys.Target, rid: str) -> None:
-        records.drop_mark(self.r, rid, "follow")
+        record.stop_following(self.r, rid)
         self.r.zrem(keys.due_items(target), rid)
 
     # -- notifications, silences
-    def _notify(self, h: Mapping[str, str], pb: Playbook, events: list[str]) -> None:
+    def _notify(self, rec: StoredRecord, pb: Playbook, events: list[str]) -> None:
         """Send one message for the events not sent before (each event of a record is sent at most once)."""
         url = self.notifier.url_for(pb.notify)
         if not url or not events:
             return
-        rid = h["id"]
-        fresh = [e for e in ordered(events) if records.mark_once(self.r, rid, f"notified:{e}")]
+        fresh = [e for e in ordered(events) if record.mark_once(self.r, rec.id, f"notified:{e}")]
         if not fresh:
             return
-        alert = records.alert_of(h)
-        notice = Notice(rid, pb.name, keys.target_of_record(rid).label, str(alert.get("alertname", "")),
-                        int(h.get("stage") or 0), tuple(fresh), self.link(rid))
+        notice = Notice(rec.id, pb.name, rec.target.label, rec.alert.alertname, rec.stage, tuple(fresh),
+                        self.link(rec.id))
         self.notifier.send(url, notice)
 
-    def _silence_wanted(self, h: Mapping[str, str], pb: Playbook) -> bool:
-        return (pb.silence and self.alertmanager is not None and not h.get("stage") and not h.get("silence_id")
-                and not h.get("silence_error") and not h.get("ladder_end"))
+    def _silence_wanted(self, rec: StoredRecord, pb: Playbook) -> bool:
+        return (pb.silence and self.alertmanager is not None and not rec.stage and not rec.silence_id
+                and not rec.silence_error and not rec.ladder_end)
 
-    def _make_silence(self, h: Mapping[str, str], pb: Playbook, now: float) -> str | None:
+    def _make_silence(self, rec: StoredRecord, pb: Playbook, now: float) -> str | None:
         """Silence the alert for the ladder's length, once; its id (None when not made, or made elsewhere)."""
-        rid = h["id"]
-        if not records.intact(rid, h, self.dispatcher.signer):
+        rid = rec.id
+        if not rec.intact(self.dispatcher.signer):
             # The silence's matchers are the record's alert labels: only as decided.
-            if records.mark_once(self.r, rid, "silence_error", "the record was changed in Redis after it was "
-                                                               "decided, so no silence was made"):
+            if record.mark_once(self.r, rid, "silence_error", "the record was changed in Redis after it was "
+                                                              "decided, so no silence was made"):
                 self.dispatcher.refuse_tampered(rid, "its silence")
             return None
-        if not records.mark_once(self.r, rid, "silence_claim", str(int(now * 1000))):
-            claimed = int(records.field(self.r, rid, "silence_claim") or 0) / 1000
-            if now - claimed > SILENCE_CLAIM_TIMEOUT and records.field(self.r, rid, "silence_id") is None:
-                records.mark_once(self.r, rid, "silence_error",
-                                  "the reconciler stopped while it was making the silence")
-            return records.field(self.r, rid, "silence_id")
+        if not record.mark_once(self.r, rid, "silence_claim", str(int(now * 1000))):
+            claimed = int(record.field_of(self.r, rid, "silence_claim") or 0) / 1000
+            if now - claimed > SILENCE_CLAIM_TIMEOUT and record.field_of(self.r, rid, "silence_id") is None:
+                record.mark_once(self.r, rid, "silence_error", "the reconciler stopped while it was making the silence")
+            return record.field_of(self.r, rid, "silence_id")
         assert self.alertmanager is not None
-        alert = records.alert_of(h)
-        dispatched = int(h.get("dispatched_ms") or h.get("created_ms") or now * 1000) / 1000
-        seconds = max(60.0, dispatched + pb.silence_seconds - now)
+        seconds = max(60.0, rec.dispatched_ms / 1000 + pb.silence_seconds - now)
         try:
-            sid = self.alertmanager.create_silence(alert.get("labels") or {}, seconds,
+            sid = self.alertmanager.create_silence(dict(rec.alert.labels), seconds,
                                                    f"trainmedic is remediating: {self.link(rid)}")
         except HttpError as exc:
             log.warning("silence for %s not made: %s", rid, exc.message, extra={"remediation_id": rid})
-            records.set_marks(self.r, rid, silence_error=f"the silence could not be made: {exc.message}")
+            record.set_marks(self.r, rid, silence_error=f"the silence could not be made: {exc.message}")
             return None
-        records.set_marks(self.r, rid, silence_id=sid,
-                          silence_seal=self.dispatcher.signer.seal(records.silence_text(rid, sid)))
-        log.info("silenced alert %s until the ladder ends", alert.get("alertname"), extra={"remediation_id": rid})
+        record.set_marks(self.r, rid, silence_id=sid, silence_seal=self.dispatcher.signer.seal(silence_text(rid, sid)))
+        log.info("silenced alert %s until the ladder ends", rec.alert.alertname, extra={"remediation_id": rid})
         return sid
 
-    def _expire_silence(self, first: Mapping[str, str]) -> None:
-        sid = first.get("silence_id")
+    def _expire_silence(self, first: StoredRecord) -> None:
+        sid = first.silence_id
         if not sid or self.alertmanager is None:
             return
-        if not self.dispatcher.signer.sealed(records.silence_text(first["id"], sid), first.get("silence_seal")):
+        if not self.dispatcher.signer.sealed(silence_text(first.id, sid), first.silence_seal):
             # Not the silence this service made for the ladder (someone wrote the id): it is left alone, and
             # the one it made ends by itself at its endsAt.
-            self.dispatcher.refuse_tampered(first["id"], f"expiring silence {sid}")
+            self.dispatcher.refuse_tampered(first.id, f"expiring silence {sid}")
             return
         try:
             self.alertmanager.expire_silence(sid)
         except HttpError as exc:
             # It still ends by itself at its endsAt.
-            log.warning("silence %s not expired early: %s", sid, exc.message, extra={"remediation_id": first["id"]})
+            log.warning("silence %s not expired early: %s", sid, exc.message, extra={"remediation_id": first.id})
 
     # -- outcomes, stages
-    def verdict(self, h: Mapping[str, str], pb: Playbook, status: str, now: float, resolved_at: str | None = None,
+    def verdict(self, rec: StoredRecord, pb: Playbook, status: str, now: float, resolved_at: str | None = None,
                 time_to_resolve: float | None = None) -> bool:
-        if not records.verdict(self.scripts, h["id"], status, resolved_at, time_to_resolve):
+        ks = self.dispatcher.keyspace
+        if not ks.run([verdict_call(ks, rec.id, status, resolved_at, time_to_resolve)], [rec.target])[0]:
             return False
-        self.count(h, pb, status, now, time_to_resolve)
-        log.info("outcome of %s: %s%s", h["id"], status,
+        self.count(rec, pb, status, now, time_to_resolve)
+        log.info("outcome of %s: %s%s", rec.id, status,
                  f" in {time_to_resolve:.1f}s" if time_to_resolve is not None else "",
-                 extra={"remediation_id": h["id"], "playbook": pb.name})
+                 extra={"remediation_id": rec.id, "playbook": pb.name})
         return True
 
-    def count(self, h: Mapping[str, str], pb: Playbook, status: str, now: float,
+    def count(self, rec: StoredRecord, pb: Playbook, status: str, now: float,
               time_to_resolve: float | None = None) -> None:
         """Note an outcome for GET /playbooks and /metrics, once per record and outcome."""
-        if records.mark_once(self.r, h["id"], f"counted:{status}"):
-            outcomes.note(self.r, pb.name, h["id"], status, now, time_to_resolve)
+        if record.mark_once(self.r, rec.id, f"counted:{status}"):
+            outcomes.note(self.r, pb.name, rec.id, status, now, time_to_resolve)
 
-    def next_stage(self, target: keys.Target, h: Mapping[str, str], first: Mapping[str, str], pb: Playbook,
+    def next_stage(self, target: keys.Target, rec: StoredRecord, first: StoredRecord, pb: Playbook,
                    stage: int, now: float) -> str:
-        """Make the ladder's next stage after record h: DECIDE's status ('closed' when the episode ended), or
-        'tampered' (nothing made) when the first record's hash or h's no longer holds what was decided (the
-        stage's alert and context come from the first, its playbook and number from h)."""
-        for rec in (first, h) if h["id"] != first["id"] else (first,):
-            if not records.intact(rec["id"], rec, self.dispatcher.signer):
-                self.dispatcher.refuse_tampered(rec["id"], f"escalation stage {stage}")
+        """Make the ladder's next stage after record rec: DECIDE's status ('closed' when the episode ended), or
+        'tampered' (nothing made) when the first record or rec no longer holds what was decided (the stage's
+        alert and context come from the first, its playbook and number from rec)."""
+        for one in (first, rec) if rec.id != first.id else (first,):
+            if not one.intact(self.dispatcher.signer):
+                self.dispatcher.refuse_tampered(one.id, f"escalation stage {stage}")
                 return Reason.TAMPERED
-        was = records.alert_of(first)
-        alert = alert_of_record(was, "firing", was.get("fingerprint", ""))
-        context = records.loads_or(first.get("context"), {})
-        extra = (("silence_id", first["silence_id"]),) if first.get("silence_id") else ()
-        d = Decision(pb, Mode.STAGE, alert, Resolution(target, context), requested_by=Requester.RECONCILER,
+        alert = alert_of_record(first.alert_dict, "firing", first.fingerprint)
+        extra = (("silence_id", first.silence_id),) if first.silence_id else ()
+        d = Decision(pb, Mode.STAGE, alert, Resolution(target, first.context), requested_by=Requester.RECONCILER,
                      stage=stage)
-        o = self.dispatcher.decide_one(d, now, prev=h["id"], parent=first["id"], extra=extra)
-        log.info("escalation stage %d of %s: %s", stage, first["id"], o.status,
+        o = self.dispatcher.decide_one(d, now, prev=rec.id, parent=first.id, extra=extra)
+        log.info("escalation stage %d of %s: %s", stage, first.id, o.status,
                  extra={"remediation_id": o.record_id, "playbook": pb.name, "target": target.label})
         return o.status
 
@@ -234,32 +240,36 @@ class FollowUp:
                       now: float) -> Resolved:
         """Keep a resolve learnt from Alertmanager's API on the episode, as a resolve notification would, and
         have every followed record of the ladder looked at now."""
-        state = keys.playbook_state(target, pb.name)
-        names = keys.episode_fields(fingerprint, "res_start", "res_ms", "res_at")
+        state = keys.target_state(target)
+        names = keys.episode_fields(pb.name, fingerprint, "res_start", "res_ms", "res_at")
         at, ms = rfc3339(now), int(now * 1000)
         current = self.r.hmget(state, names)
         if current[0] and current[0] >= start and current[1]:
             return Resolved(current[2] or at, int(current[1]))
+        keep = state_ttl(self.dispatcher.settings.episode_ttl, pb.cooldown, (pb.max_runs or (0, 0.0))[1])
+        until = ms + int(keep * 1000) + 86_400_000
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(state, mapping=dict(zip(names, (start, ms, at))))
-        keep = records.state_ttl(self.dispatcher.settings.episode_ttl, pb.cooldown, (pb.max_runs or (0, 0.0))[1])
-        pipe.pexpire(state, int(keep * 1000))
+        if int(self.r.hget(state, "x") or 0) < until - 86_400_000:
+            pipe.hset(state, "x", until)
+            pipe.pexpire(state, until - ms)
         rid: str | None = first_id
         hops = 0
         while rid and hops < 64:
             pipe.zadd(keys.due_items(target), {rid: ms}, xx=True)
-            rid, hops = records.field(self.r, rid, "next"), hops + 1
+            rid, hops = record.field_of(self.r, rid, "next"), hops + 1
         pipe.execute()
         return Resolved(at, ms)
 
-    def end_ladder(self, first: Mapping[str, str], pb: Playbook, how: str, events: list[str]) -> None:
+    def end_ladder(self, first: StoredRecord, pb: Playbook, how: str, events: list[str],
+                   now: float | None = None) -> None:
         """End the ladder once: expire its silence, and say so when it ended unresolved."""
-        if not records.mark_once(self.r, first["id"], "ladder_end", how):
+        if not record.mark_once(self.r, first.id, "ladder_end", how):
             return
         if pb.max_active:
             # The ladder's remediation is no longer open: its place under max_active is free.
-            self.dispatcher.breaker.release([(pb, first["id"])])
-        log.info("ladder of %s ended: %s", first["id"], how, extra={"remediation_id": first["id"]})
+            self.dispatcher.breaker.release([(pb, first.id)], now)
+        log.info("ladder of %s ended: %s", first.id, how, extra={"remediation_id": first.id})
         self._expire_silence(first)
         if how == "unresolved":
             events.append("unresolved")
@@ -268,16 +278,11 @@ class FollowUp:
 class _Pass:
     """One look at one settled (or dry-run) record: what is due now, and when to look again."""
 
-    def __init__(self, f: FollowUp, target: keys.Target, rec: records.StoredRecord, pb: Playbook, now: float,
+    def __init__(self, f: FollowUp, target: keys.Target, rec: StoredRecord, pb: Playbook, now: float,
                  view: AlertView):
         self.f, self.target, self.rec, self.pb, self.now, self.view = f, target, rec, pb, now, view
-        # The hash itself: the seal checks and the service's marks (silence, ladder_end...) read it.
-        self.h = h = rec.raw
-        self.rid = rec.id
-        self.stage = rec.stage
-        self.alert = rec.alert
-        self.fingerprint = str(self.alert.get("fingerprint", ""))
-        self.first = h if rec.parent is None else (records.stored(f.r, rec.parent) or h)
+        self.fingerprint = rec.fingerprint
+        self.first = rec if rec.parent is None else (f._load(rec.parent) or rec)
         self.events: list[str] = []
         self.due: list[float] = []
         self._active: bool | None = None
@@ -291,35 +296,34 @@ class _Pass:
     def applied_at(self) -> float:
         """The last ack of an applied action (as the record shows it), else when the record settled or was made
         (a dry run): what time to resolve and a stage's `after` count from."""
-        rec = self.rec
-        times = [parse_rfc3339(rec.acked_at(i)) for i in range(rec.n) if rec.action_status(i) == ActionStatus.APPLIED]
+        times = [parse_rfc3339(a.acked_at) for a in self.rec.actions if a.status == ActionStatus.APPLIED]
         known = [t for t in times if t is not None]
-        return max(known) if known else int(rec.raw.get("settled_ms") or rec.raw.get("created_ms") or 0) / 1000
+        return max(known) if known else (self.rec.settled_ms or self.rec.created_ms) / 1000
 
     def resolved(self) -> Resolved | None:
         """The resolve of this record's episode (or of a later one), from the resolve notification."""
-        ep = self.f.r.hmget(keys.playbook_state(self.target, self.pb.name),
-                            keys.episode_fields(self.fingerprint, "res_start", "res_ms", "res_at"))
-        start = records.start_of(self.h, self.alert)
+        ep = self.f.r.hmget(keys.target_state(self.target),
+                            keys.episode_fields(self.pb.name, self.fingerprint, "res_start", "res_ms", "res_at"))
+        start = self.rec.start
         if ep[0] and start and ep[0] >= start and ep[1]:
             return Resolved(ep[2] or "", int(ep[1]))
         return None
 
     def silenced(self) -> bool:
         """The ladder's alert is silenced by trainmedic: no resolve notification will come."""
-        return bool(self.first.get("silence_id")) and not self.first.get("ladder_end") and self.view.configured
+        return bool(self.first.silence_id) and not self.first.ladder_end and self.view.configured
 
     def run(self) -> float | None:
         status = self.rec.status
         if status in (RecordStatus.FAILED, RecordStatus.LOST):
             self.events.append(status)
         res = self.resolved()
-        stored, outcome = self.rec.outcome, None
-        if stored:
-            outcome, res = self.outcome(stored["status"], res)
-        if self.h.get("verify_ms") and self.rec.next is None and not self.first.get("ladder_end"):
+        outcome = None
+        if self.rec.outcome is not None:
+            outcome, res = self.outcome(self.rec.outcome.status, res)
+        if self.rec.verify_ms is not None and self.rec.next is None and not self.first.ladder_end:
             self.ladder(status, outcome, res)
-        self.f._notify(self.h, self.pb, self.events)
+        self.f._notify(self.rec, self.pb, self.events)
         return min(self.due) if self.due else None
 
     def gone(self) -> Resolved | None:
@@ -327,26 +331,25 @@ class _Pass:
         so every record of the ladder is decided by the same resolve."""
         if self.active() is not False:
             return None
-        return self.f.note_resolved(self.target, self.pb, self.fingerprint, records.start_of(self.h, self.alert),
-                                    self.first["id"], self.now)
+        return self.f.note_resolved(self.target, self.pb, self.fingerprint, self.rec.start, self.first.id, self.now)
 
     def outcome(self, current: str, res: Resolved | None) -> tuple[str, Resolved | None]:
         """Decide a pending outcome when it can be; count the others once. Returns the outcome now."""
-        h, f, now = self.h, self.f, self.now
+        rec, f, now = self.rec, self.f, self.now
         if current != Outcome.PENDING:
-            f.count(h, self.pb, current, now)
+            f.count(rec, self.pb, current, now)
             return current, res
-        f.count(h, self.pb, Outcome.PENDING, now)
+        f.count(rec, self.pb, Outcome.PENDING, now)
         applied = self.applied_at()
-        deadline = applied + int(h.get("verify_ms") or 0) / 1000
+        deadline = applied + (rec.verify_ms or 0) / 1000
         polling = self.silenced()
         if res is None and (now >= deadline or polling):
             res = self.gone()
         if res is not None:
-            f.verdict(h, self.pb, Outcome.EFFECTIVE, now, res.at, max(0.0, res.ms / 1000 - applied))
+            f.verdict(rec, self.pb, Outcome.EFFECTIVE, now, res.at, max(0.0, res.ms / 1000 - applied))
             return Outcome.EFFECTIVE, res
         if now >= deadline and (self.active() is True or now >= deadline + INEFFECTIVE_AFTER):
-            f.verdict(h, self.pb, Outcome.INEFFECTIVE, now)
+            f.verdict(rec, self.pb, Outcome.INEFFECTIVE, now)
             self.events.append("ineffective")
             return Outcome.INEFFECTIVE, res
         later = deadline if now < deadline else deadline + INEFFECTIVE_AFTER
@@ -357,29 +360,29 @@ class _Pass:
         """The last record of a ladder: end it, or make its next stage when that is due."""
         f, pb, now = self.f, self.pb, self.now
         if res is not None:
-            f.end_ladder(self.first, pb, "resolved", self.events)
+            f.end_ladder(self.first, pb, "resolved", self.events, now)
         elif status in APPLIED_NOTHING:
             reason = self.rec.reason or ""
             ends: dict[str, str] = {Reason.REJECTED: "rejected", Reason.RESOLVED_BEFORE_APPROVAL: "resolved"}
             how = ends.get(reason, "unresolved")
-            f.end_ladder(self.first, pb, how, self.events)
-        elif self.stage < len(pb.escalate):
+            f.end_ladder(self.first, pb, how, self.events, now)
+        elif self.rec.stage < len(pb.escalate):
             base = self.applied_at()
-            at = base + pb.escalate[self.stage].after
+            at = base + pb.escalate[self.rec.stage].after
             if now < at:
                 self.due.append(min(at, now + SILENCED_POLL) if self.silenced() else at)
                 if self.silenced() and self.gone():
-                    f.end_ladder(self.first, pb, "resolved", self.events)
+                    f.end_ladder(self.first, pb, "resolved", self.events, now)
             elif self.gone():
-                f.end_ladder(self.first, pb, "resolved", self.events)
+                f.end_ladder(self.first, pb, "resolved", self.events, now)
             else:
-                made = f.next_stage(self.target, self.h, self.first, pb, self.stage + 1, now)
+                made = f.next_stage(self.target, self.rec, self.first, pb, self.rec.stage + 1, now)
                 if made == "closed":
                     # The episode is over: resolved, or replaced by a later one of the same alert.
-                    f.end_ladder(self.first, pb, "resolved" if self.resolved() else "superseded", self.events)
+                    f.end_ladder(self.first, pb, "resolved" if self.resolved() else "superseded", self.events, now)
                 elif made == Reason.TAMPERED:
-                    f.end_ladder(self.first, pb, "tampered", self.events)
+                    f.end_ladder(self.first, pb, "tampered", self.events, now)
         elif status == RecordStatus.DRY_RUN:
-            f.end_ladder(self.first, pb, "dry_run", self.events)
+            f.end_ladder(self.first, pb, "dry_run", self.events, now)
         elif outcome in (Outcome.INEFFECTIVE, Outcome.UNKNOWN):
-            f.end_ladder(self.first, pb, "unresolved", self.events)
+            f.end_ladder(self.first, pb, "unresolved", self.events, now)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from ...client.wire import keys
 from ...client.wire.protocol import rfc3339
-from ...client.wire.records import Step
+from ..store.decision import Step
 
 from ..rules.alerts import Alert, AlertGroup, parse_alert
 from ..rules.playbooks import Playbook

@@ -18,11 +18,14 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from ...client.wire import keys, records
+from ...client.wire import keys
 from ...client.wire.protocol import rfc3339
 from ...client.wire.redis import run_scripts
 
-from .. import history
+from .. import beats, fold, goodput, history, repairs
+from ..listener import Listener
+from ..store import record
+from ..store.scripts import Keyspace, Reconciled, load_scripts, mark_call, reconcile_call
 from ..rules.alerts import alert_of_record
 from ..rules.playbooks import Playbook
 from ..rules.targets import Resolution
@@ -45,7 +48,17 @@ BATCH = 100
 VISIT_SHARE = 0.6
 
 RESET_BANNER_SECONDS = 86400.0
-TARGETS_MAX_AGE = 86400.0
+# How long a target's mailbox and due items outlive the reconciler's last look at it.
+KEEP = 30 * 86400.0
+# How often the own keys of the targets with open records are looked over for what their appliers left
+# (service/listener.py hears it at once; this finds what it did not hear).
+SWEEP_EVERY = 2.0
+# With this few targets with open records, every pass looks them over (a few round trips).
+SWEEP_ALWAYS = 200
+# How often the keys every target shares are checked for what trainmedic never wrote there.
+REPAIR_EVERY = 30.0
+# Targets looked over per round trip.
+SWEEP_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,6 @@ class ReconcilerSettings:
     grace: float = 20.0
     # How often a delivered, unacknowledged command is checked for a process that is gone.
     recheck: float = 10.0
-    mailbox_maxlen: int = 100
     history_max: int = 1_000_000
     targets_per_tick: int = 2000
     # With Alertmanager's API, an alert whose on_resolved is owed is asked about this often.
@@ -104,7 +116,7 @@ class Reconciler:
         self.settings = settings
         self.alertmanager = alertmanager
         self.on_change = on_change
-        self.scripts = records.Scripts(r)
+        self.keyspace = Keyspace(r)
         self.followup = FollowUp(r, dispatcher, self.playbooks, alertmanager, Notifier(settings.notify_url),
                                  settings.public_url, Conditions(r, dispatcher, prometheus))
         # Jobs' detections and hangs: the listener decides detections at once; each pass decides those of the
@@ -112,7 +124,11 @@ class Reconciler:
         self.detections = detections or Detections(r, dispatcher, playbooks, alertmanager, settings.hang_after,
                                                    settings.public_url)
         self.resync = Resync(r, dispatcher, playbooks, alertmanager, settings.resync_after)
+        self.listener = Listener(r, self.detections.handle)
         self.identity = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._next_beats = 0.0
+        self._next_sweep = 0.0
+        self._next_repair = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
@@ -141,7 +157,7 @@ class Reconciler:
         else:
             why = ""
         # The pass's mark, written by a script, and the copy kept with a plain SET.
-        self.r.set(keys.MARK_SEEN, int(self.scripts.mark(keys=[keys.MARK], args=[int(time.time() * 1000)])))
+        self.r.set(keys.MARK_SEEN, int(run_scripts(self.r, [mark_call(time.time())])[0]))
         if not why:
             return False
         pipe = self.r.pipeline(transaction=False)
@@ -154,19 +170,36 @@ class Reconciler:
 
     # -- one pass
     def tick(self, now: float | None = None) -> TickReport:
-        """One pass over every target with something due (call it directly in tests)."""
+        """One pass over every target with something due (call it directly in tests). A key that every target
+        shares holding what trainmedic never wrote there is repaired (service/repairs.py), and the pass made
+        again: the reconciler is never stuck on it."""
         now = time.time() if now is None else now
+        if now >= self._next_repair:
+            self._next_repair = now + REPAIR_EVERY
+            repairs.check_shared(self.r)
+        try:
+            return self._tick(now)
+        except redis.ResponseError as exc:
+            if not repairs.fixable(exc):
+                raise
+            repairs.check_shared(self.r)
+            return self._tick(now)
+
+    def _tick(self, now: float) -> TickReport:
         report = TickReport(reset=self._check_epoch())
-        if records.load_scripts(self.r):
+        if load_scripts(self.r):
             log.info("loaded the scripts into Redis (it had none: a restart), for trainers and agents to run")
         view = AlertView(self.alertmanager)
         # Every due target's RECONCILE first, page after page, each target once a pass (for VISIT_SHARE of an
         # interval at most: the rest is the next pass's), so that every action is terminal within its bound
         # however large a burst; then follow-ups, on_resolved and detections with the time left, never none
         # (what is left over stays due, and the next pass starts at once).
+        if now >= self._next_sweep or self.r.zcard(keys.DUE) <= SWEEP_ALWAYS:
+            self._next_sweep = now + SWEEP_EVERY
+            self._sweep(now)
         start = time.monotonic()
         until = start + self.settings.interval
-        work: dict[str, tuple[keys.Target, records.Reconciled]] = {}
+        work: dict[str, tuple[keys.Target, Reconciled]] = {}
         while self._visit(now, report, work) and time.monotonic() < start + self.settings.interval * VISIT_SHARE:
             pass
         if not self._after(now, view, report, work, until):
@@ -174,7 +207,11 @@ class Reconciler:
         if report.changed:
             # A hold that ended here (nobody approved it in time) is no longer waiting for a person.
             self.r.zrem(keys.APPROVALS, *(rid for rid, _ in report.changed))
+        if now >= self._next_beats:
+            self._next_beats = now + beats.REFRESH_EVERY
+            self._live(now)
         report.detected += len(self.detections.scan_hangs(now))
+        self._goodput(now)
         if self.resync.due():
             report.resynced = len(self.resync.run(now))
         report.trimmed = self._retention(now)
@@ -183,7 +220,45 @@ class Reconciler:
                 self.on_change(rid, status)
         return report
 
-    def _visit(self, now: float, report: TickReport, work: dict[str, tuple[keys.Target, records.Reconciled]]) -> bool:
+    def _live(self, now: float) -> None:
+        """Every few seconds: the live targets from their heartbeats, and the breakers' leases of the
+        remediations still open."""
+        beats.refresh(self.r, now)
+        self.dispatcher.breaker.renew(list(self.playbooks.values()), now, self._still_open)
+
+    def _goodput(self, now: float) -> None:
+        """The jobs' time by kind, from their heartbeats (service/goodput.py)."""
+        goodput.fold_known(self.r, now)
+
+    def _sweep(self, now: float) -> None:
+        """What the appliers of the targets with open records left that the listener did not hear of (it was not
+        running, or missed it): a journal or counts to fold in, a record due sooner than the target is. Only a
+        target with an open record can have an ack to fold (DUE lists every one)."""
+        now_ms = int(now * 1000)
+        labels = [str(x) for x in self.r.zrangebyscore(keys.DUE, f"({now_ms}", "+inf")]
+        for start in range(0, len(labels), SWEEP_BATCH):
+            batch = [(label, t) for label, t in ((x, keys.parse_label(x)) for x in labels[start:start + SWEEP_BATCH])
+                     if t is not None]
+            if not batch:
+                continue
+            pipe = self.r.pipeline(transaction=False)
+            for _, t in batch:
+                pipe.exists(keys.journal(t), keys.target_metrics(t))
+                pipe.zrange(keys.due_items(t), 0, 0, withscores=True)
+            got = pipe.execute()
+            due_at = self.r.zmscore(keys.DUE, [label for label, _ in batch])
+            dirty = [label for (label, _), n in zip(batch, got[::2]) if n]
+            sooner = {label: int(first[0][1]) for (label, _), first, at in zip(batch, got[1::2], due_at)
+                      if first and (at is None or first[0][1] < at)}
+            pipe = self.r.pipeline(transaction=False)
+            if dirty:
+                pipe.sadd(keys.HIST_DIRTY, *dirty)
+                pipe.zadd(keys.DUE, dict.fromkeys(dirty, now_ms), lt=True)
+            if sooner:
+                pipe.zadd(keys.DUE, sooner, lt=True)
+            pipe.execute()
+
+    def _visit(self, now: float, report: TickReport, work: dict[str, tuple[keys.Target, Reconciled]]) -> bool:
         """RECONCILE one page of the due targets, in pipelines of BATCH, and set their due times (a few round
         trips a batch); what each needs next goes into `work`. True when the page was full (more may be due).
 
@@ -199,11 +274,13 @@ class Reconciler:
         targets = [(label, t) for label, t in parsed if t is not None]
         for start in range(0, len(targets), BATCH):
             batch = targets[start:start + BATCH]
-            answers = run_scripts(self.r, [records.reconcile_call(
-                self.scripts, t, now, grace=self.settings.grace, recheck=self.settings.recheck,
-                maxlen=self.settings.mailbox_maxlen) for _, t in batch])
+            # What the targets' own scripts left for the service (acks' history entries and counts) first.
+            fold.fold(self.r, [t for _, t in batch])
+            answers = self.keyspace.run([reconcile_call(
+                self.keyspace, t, now, grace=self.settings.grace, recheck=self.settings.recheck, keep=KEEP)
+                for _, t in batch], (t for _, t in batch))
             for (label, target), answer in zip(batch, answers):
-                done = records.reconciled(answer)
+                done = Reconciled.of(answer)
                 report.targets += 1
                 report.changed.extend(done.changed)
                 work[label] = (target, done)
@@ -211,7 +288,7 @@ class Reconciler:
         return report.full
 
     def _after(self, now: float, view: AlertView, report: TickReport,
-               work: dict[str, tuple[keys.Target, records.Reconciled]], until: float) -> bool:
+               work: dict[str, tuple[keys.Target, Reconciled]], until: float) -> bool:
         """Follow-ups and on_resolved of the visited targets until `until` (the first target's whatever the
         time), and their jobs' detections; False when time ran out before the last target's."""
         touched: list[tuple[str, keys.Target]] = []
@@ -291,11 +368,10 @@ class Reconciler:
         if not over:
             self.r.zadd(keys.due_items(target), {member: int(later * 1000)})
             return None
-        rec = self._sealed_record(target, ob.get("rid") or "", pb_name, fingerprint)
-        alert = alert_of_record(records.alert_of(rec or {}), "resolved", fingerprint)
-        context = records.loads_or(rec.get("context"), {}) if rec else {}
-        resolution = Resolution(target, context)
-        if rec is None:
+        rec, tampered = self._sealed_record(target, ob.get("rid") or "", pb_name, fingerprint)
+        alert = alert_of_record(rec.alert_dict if rec else {}, "resolved", fingerprint)
+        resolution = Resolution(target, rec.context if rec else {})
+        if tampered:
             resolution = Resolution(target, {}, "tampered", "The record this on_resolved undoes was changed in "
                                                             "Redis after it was decided, so nothing was sent.")
         outcome = self.dispatcher.decide_one(
@@ -307,38 +383,42 @@ class Reconciler:
         return outcome.record_id if outcome.new else None
 
     def _sealed_record(self, target: keys.Target, rid: str, playbook: str,
-                       fingerprint: str) -> dict[str, str] | None:
-        """The record an obligation names ({} when it names none or it is gone), or None when it is not this
-        target's record of this playbook and alert, or its hash no longer holds what was decided (counted and
-        logged)."""
+                       fingerprint: str) -> tuple[record.StoredRecord | None, bool]:
+        """(the firing record an obligation names, whether it was tampered with): (None, False) when there is
+        none or it is gone; (None, True), refused as tampered, when it no longer holds what was decided."""
         if not rid:
-            return {}
+            return None, False
         try:
-            rec = records.stored(self.r, rid) if keys.target_of_record(rid) == target else None
-        except ValueError:
+            rec = record.load(self.r, rid) if keys.target_of_record(rid) == target else None
+            if rec is None and keys.target_of_record(rid) == target:
+                return None, False  # gone (retention): nothing to check it against
+        except (ValueError, record.BadRecord):
             rec = None
-        if rec == {}:
-            return rec
-        if rec is None or not records.intact(rid, rec, self.dispatcher.signer) or (
-                rec.get("playbook"), records.alert_of(rec).get("fingerprint")) != (playbook, fingerprint):
+        if rec is None or not rec.intact(self.dispatcher.signer) or (rec.playbook, rec.fingerprint) != (
+                playbook, fingerprint):
             self.dispatcher.refuse_tampered(rid, "the context of its on_resolved")
-            return None
-        return rec
+            return None, True
+        return rec, False
+
+    def _still_open(self, ids: list[str]) -> set[str]:
+        """Which of these first records of ladders are still open remediations (the breaker renews their claims):
+        there, not ended, and not skipped."""
+        ids = [rid for rid in ids if keys.RECORD_ID_RE.match(rid)]
+        if not ids:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hmget(keys.record(rid), "status", "ladder_end")
+        return {rid for rid, (status, ended) in zip(ids, pipe.execute())
+                if status and not ended and status not in ("skipped", "dry_run")}
 
     def _retention(self, now: float) -> int:
-        """Delete the oldest records beyond TRAINMEDIC_HISTORY_MAX (age is each record's own TTL), and trim the
-        global indexes that have no TTL of their own by age."""
-        pipe = self.r.pipeline(transaction=False)
+        """Delete the oldest records beyond TRAINMEDIC_HISTORY_MAX or 30 days, and trim the indexes that have no
+        TTL of their own by age."""
         # Holds past their approval time (also those a resolve ended) are no longer pending approval.
-        pipe.zremrangebyscore(keys.APPROVALS, "-inf", now)
-        # Targets that sent no heartbeat for a day (GET /targets trims them too, when someone asks).
-        pipe.zremrangebyscore(keys.TARGETS, "-inf", now - TARGETS_MAX_AGE)
-        for kind in keys.TARGET_KINDS:  # heartbeats that stopped counting as live a day ago
-            pipe.zremrangebyscore(keys.live(kind), "-inf", int((now - TARGETS_MAX_AGE) * 1000))
-        pipe.execute()
-        # The history index: index what the journal holds, delete records past the count and sweep those that
-        # expired by age out of every index (service/history.py).
-        return history.trim(self.r, self.settings.history_max)
+        self.r.zremrangebyscore(keys.APPROVALS, "-inf", int(now * 1000))
+        # The history index: index what the journal holds, delete records past the count or the age.
+        return history.trim(self.r, self.settings.history_max, now=now)
 
     # -- running in the background
     def start(self) -> Reconciler:
@@ -346,12 +426,12 @@ class Reconciler:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="trainmedic-reconciler", daemon=True)
             self._thread.start()
-            self.detections.start()
+            self.listener.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        self.detections.stop(timeout)
+        self.listener.stop(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
 

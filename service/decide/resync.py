@@ -108,8 +108,8 @@ class Resync:
             return []
         pipe = self.r.pipeline(transaction=False)
         for d in todo:
-            pipe.hmget(keys.playbook_state(d.target, d.playbook.name),
-                       keys.episode_fields(d.alert.fingerprint, "open", "closed", "hi"))
+            pipe.hmget(keys.target_state(d.target),
+                       keys.episode_fields(d.playbook.name, d.alert.fingerprint, "open", "closed", "hi"))
         return [d for d, ep in zip(todo, pipe.execute()) if not _holds(ep, d.alert.episode_start)]
 
 

@@ -27,10 +27,6 @@ _PROMTOOL_ERROR = re.compile(r'group "w(\d+)", rule \d+, "[^"]*": (?:could not p
 MAX_LENGTH = 2000
 
 
-class ConditionError(ValueError):
-    """A condition that cannot be used; the message is one sentence."""
-
-
 class MissingVariable(Exception):
     """A variable the condition uses has no value for this target (its step is condition_unknown)."""
 

@@ -15,7 +15,7 @@ import yaml
 from ...client.wire.actions import CATALOGUE
 from ...client.wire.durations import parse_duration
 from ...client.wire.keys import TARGET_KINDS
-from ...client.wire.records import Step
+from ..store.decision import Step
 
 from . import conditions
 from .matchers import Matcher, MatcherError, parse_matcher
@@ -185,6 +185,13 @@ def _steps(loader: yaml.SafeLoader, node: yaml.Node, kind: str | None, where: st
             pairs = [(k, v) for k, v in item.value if isinstance(k, yaml.ScalarNode)]
             extra = {k.value: (k, v) for k, v in pairs if k.value in _STEP_KEYS}
             named = [(k, v) for k, v in pairs if k.value not in _STEP_KEYS]
+            misspelt = [k for k, _ in named if k.value not in CATALOGUE and _did_you_mean(k.value, _STEP_KEYS)]
+            if len(named) > 1 and misspelt:  # `optinal: true` beside the action: say which field it meant
+                for k in misspelt:
+                    p.add(k, f"unknown field {k.value!r} in an item of {where}: "
+                             f"{_did_you_mean(k.value, _STEP_KEYS).rstrip()} (an item is one action, with optional: "
+                             "or when: beside it)")
+                named = [(k, v) for k, v in named if k not in misspelt]
             if len(named) != 1 or len(pairs) != len(item.value):
                 p.add(item, f"each item of {where} is one action, optionally with optional: or when: beside it: "
                             "`- scale_lr: {factor: 0.5}`")
@@ -445,25 +452,34 @@ def _check_timeouts(fields: dict[str, tuple[yaml.Node, yaml.Node]], actions: tup
         p.add(fields["actions"][1], "checkpoint_jobs may appear once among a playbook's actions")
 
 
-def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Playbook], list[str]]:
-    """Playbooks of one file and its problems; `seen` (name -> place) catches duplicates across files."""
-    seen = {} if seen is None else seen
+def read_yaml(path: Path) -> tuple[yaml.SafeLoader, yaml.Node | None] | str:
+    """A YAML file's loader and root node (None for an empty file), or its one problem as FILE:LINE: message."""
     file = str(path)
-    p = _Problems(file)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return [], [f"{file}:1: cannot read the file ({exc.__class__.__name__}: {exc})"]
+        return f"{file}:1: cannot read the file ({exc.__class__.__name__}: {exc})"
     try:
         loader = yaml.SafeLoader(text)
         try:
-            root = loader.get_single_node()
+            return loader, loader.get_single_node()
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", 0) + 1
         problem = getattr(exc, "problem", None) or str(exc)
-        return [], [f"{file}:{line}: invalid YAML: {problem}"]
+        return f"{file}:{line}: invalid YAML: {problem}"
+
+
+def parse_file(path: Path, seen: dict[str, str] | None = None) -> tuple[list[Playbook], list[str]]:
+    """Playbooks of one file and its problems; `seen` (name -> place) catches duplicates across files."""
+    seen = {} if seen is None else seen
+    file = str(path)
+    p = _Problems(file)
+    read = read_yaml(path)
+    if isinstance(read, str):
+        return [], [read]
+    loader, root = read
     if root is None:
         return [], [f"{file}:1: the file is empty; expected a top-level `playbooks:` list"]
     top = _mapping(root, "the file", p)
@@ -519,7 +535,7 @@ def check(paths: Iterable[str | Path]) -> tuple[list[Playbook], list[str]]:
     files = files_of(paths)
     for path in files:
         if not path.exists():
-            problems.append(f"{path}:0: no such file or folder")
+            problems.append(f"{path}: no such file or folder")  # no line to name
             continue
         pbs, probs = parse_file(path, seen)
         playbooks.extend(pbs)
@@ -535,5 +551,5 @@ def load(paths: Iterable[str | Path]) -> list[Playbook]:
     if errors:
         raise PlaybookError(errors)
     if not files_of(paths):
-        raise PlaybookError([f"{', '.join(map(str, paths))}:0: no playbook files (*.yaml) found"])
+        raise PlaybookError([f"{', '.join(map(str, paths))}: no playbook files (*.yaml) found"])
     return playbooks

@@ -8,11 +8,12 @@ from flask import Blueprint, jsonify, request
 
 from ...client.wire import keys
 from ...client.wire.actions import CATALOGUE, ParamError
-from ...client.wire import records
 from ...client.wire.durations import parse_duration
-from ...client.wire.records import Step
+from ...client.wire.status import RecordStatus
 
-from .. import history, outcomes
+from .. import history, outcomes, repairs
+from ..store import record as records
+from ..store.decision import Step
 from ..decide import plan
 from ..errors import BadRequest, Conflict, NotFound, Unavailable
 from ..rules.playbooks import Playbook
@@ -118,7 +119,7 @@ def _decide_held(rid: str, verb: str, by: str) -> Any:
         raise NotFound(f"no remediation with id {rid!r}")
     if answer[0] == "not_pending":
         raise Conflict(f"remediation {rid} is {answer[1]}, not pending approval")
-    if answer[0] == records.RecordStatus.EXPIRED:
+    if answer[0] == RecordStatus.EXPIRED:
         raise Conflict(f"the approval time of remediation {rid} has passed; it is now expired")
     return jsonify(records.get(x.redis, rid))
 
@@ -164,4 +165,10 @@ def readyz() -> Any:
         x.redis.ping()
     except Exception as exc:
         raise Unavailable(f"Redis is unreachable ({type(exc).__name__})") from None
+    try:
+        # Every key the targets share holds what the service wrote there, or is repaired now.
+        repairs.check_shared(x.redis)
+    except Exception as exc:
+        raise Unavailable("a key every target shares can be neither read nor repaired "
+                          f"({type(exc).__name__})") from None
     return jsonify({"status": "ready", "redis": "ok", "playbooks": len(x.playbooks)})

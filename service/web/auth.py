@@ -8,7 +8,10 @@
   forwarder would defeat it).
 - With TRAINMEDIC_READ_TOKEN set, every GET but the probes, /metrics and static files needs the read token or an
   operator token. The pages log in once with a form (/login) into a signed session cookie that names the person
-  and never holds the token; the page's own writes then carry that session and its CSRF header.
+  and never holds the token; the page's own writes then carry that session and its CSRF header. The cookie is
+  SameSite=Strict, so a link from another site arrives without it: the page (the login form, when reads are
+  closed) shows at once, and its script asks this site, which the browser sends the cookie to, whether this
+  browser is logged in; if it is, it goes on to the page as that person.
 - Every POST refuses a foreign Origin, and the API's POSTs need Content-Type application/json, so no cross-site
   form reaches a write; a foreign Host gets 400, so DNS rebinding reaches nothing.
 """
@@ -34,8 +37,8 @@ bp = Blueprint("auth", __name__, template_folder="templates")
 
 # Probes and scrapes answer any Host: load balancers and Prometheus address pods by IP.
 ANY_HOST = ("/healthz", "/readyz", "/metrics")
-# What reads never need a token for: the probes, the scrape, static files and the login form itself.
-OPEN_ENDPOINTS = ("static", "auth.login")
+# What reads never need a token for: the probes, the scrape, static files, the login form and whether one is held.
+OPEN_ENDPOINTS = ("static", "auth.login", "auth.login_session")
 HTML_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -44,6 +47,10 @@ HTML_HEADERS = {
     "Referrer-Policy": "same-origin",
 }
 SESSION_COOKIE = "trainmedic_session"
+# The login form's CSRF value, in a cookie of its own (compared with the form's copy): showing the form never
+# writes the session cookie, which a browser arriving from another site holds but did not send.
+LOGIN_COOKIE = "trainmedic_login"
+LOGIN_FORM_SECONDS = 3600
 # A page login lasts a working day; a stolen cookie is good for no longer, and a changed token ends it at once.
 SESSION_HOURS = 12
 CSRF_HEADER = "X-CSRF-Token"
@@ -184,22 +191,14 @@ def _check_request() -> Any:
         origin = request.headers.get("Origin")
         if origin is not None and origin.lower() not in _own_origins():
             raise Forbidden("writes from another site's pages are refused (foreign Origin)")
-    return _look_again() or _check_read()
+    return _check_read()
 
 
-def _look_again() -> Any:
-    """A page opened from a link on another site (a chat, a notification) arrives without the SameSite=Strict
-    cookie: look once more from this site, which sends it, so a person logged in stays logged in there."""
-    if request.blueprint != "ui" or request.method != "GET" or SESSION_COOKIE in request.cookies \
-            or request.headers.get("Sec-Fetch-Site") != "cross-site" or not people().anyone:
-        return None
-    return _bounce(request.script_root + request.full_path.rstrip("?"))
-
-
-def _bounce(again: str) -> Any:
-    """A page that only loads `again` from this site (a meta refresh: no script, no cookie set)."""
-    return render_template("login.html", again=again), 200, {"Content-Type": "text/html; charset=utf-8",
-                                                             "Cache-Control": "no-store"}
+def session_unsent() -> bool:
+    """Whether this page request may have come without the session a browser holds: from another site (a link in
+    a chat or a notification; SameSite=Strict leaves the cookie out), when someone can log in at all."""
+    return (SESSION_COOKIE not in request.cookies and people().anyone
+            and request.headers.get("Sec-Fetch-Site", "cross-site") == "cross-site")
 
 
 def _headers(resp: Response) -> Response:
@@ -243,25 +242,33 @@ def _next_path(raw: str | None) -> str:
 
 def _login_page(error: str | None = None, status: int = 200) -> Any:
     p = people()
-    csrf = session.get("csrf")
-    if not isinstance(csrf, str):
-        csrf = session["csrf"] = secrets.token_urlsafe(24)
+    csrf = request.cookies.get(LOGIN_COOKIE, "")
+    if not (20 <= len(csrf) <= 64 and csrf.replace("-", "").replace("_", "").isalnum()):
+        csrf = secrets.token_urlsafe(24)
     page = render_template("login.html", error=error, csrf=csrf, next=_next_path(request.values.get("next")),
-                           person=_person(), reads_closed=p.reads_closed, anyone=p.anyone)
-    return page, status, {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
+                           person=_person(), reads_closed=p.reads_closed, anyone=p.anyone,
+                           check_session=session_unsent())
+    resp = current_app.make_response((page, status, {"Content-Type": "text/html; charset=utf-8",
+                                                     "Cache-Control": "no-store"}))
+    resp.set_cookie(LOGIN_COOKIE, csrf, max_age=LOGIN_FORM_SECONDS, path=url_for("auth.login_post"),
+                    secure=current_app.session_interface.get_cookie_secure(current_app), httponly=True,
+                    samesite="Strict")
+    return resp
 
 
 @bp.get("/login")
 def login() -> Any:
-    """The login form: a token typed once, kept as a signed session that names the person."""
+    """The login form, at once: a token typed once, kept as a signed session that names the person."""
     wanted = request.args.get("next")
     if wanted and session_who() is not None:
         return redirect(request.script_root + _next_path(wanted), 303)
-    if SESSION_COOKIE not in request.cookies and not request.args.get("again"):
-        # A link from another site (a notification, a chat) arrives without the SameSite=Strict cookie. Look once
-        # more from this site, which sends it, before making a session that would replace the one held.
-        return _bounce(url_for("auth.login", next=_next_path(wanted), again=1))
     return _login_page()
+
+
+@bp.get("/login/session")
+def login_session() -> Any:
+    """Whether this browser holds a page login: what a page arrived at from another site asks its own site."""
+    return {"logged_in": session_who() is not None}, 200, {"Cache-Control": "no-store"}
 
 
 @bp.post("/login")
@@ -270,8 +277,8 @@ def login_post() -> Any:
     if request.mimetype != "application/x-www-form-urlencoded":
         raise UnsupportedMediaType("the login form is sent as application/x-www-form-urlencoded")
     p = people()
-    expected, sent = session.get("csrf"), request.form.get("csrf", "")
-    if not isinstance(expected, str) or not hmac.compare_digest(expected.encode(), sent.encode()):
+    expected, sent = request.cookies.get(LOGIN_COOKIE, ""), request.form.get("csrf", "")
+    if not expected or not hmac.compare_digest(expected.encode(), sent.encode()):
         return _login_page("The form had expired; type the token again.", 403)
     given = request.form.get("token", "").strip()
     who = p.who(given) if given else None
@@ -282,7 +289,9 @@ def login_post() -> Any:
                            "Type a token.", 401)
     session.clear()
     session.update(who=who, fp=p.fingerprint(who), csrf=secrets.token_urlsafe(24))
-    return redirect(request.script_root + _next_path(request.form.get("next")), 303)
+    resp = redirect(request.script_root + _next_path(request.form.get("next")), 303)
+    resp.delete_cookie(LOGIN_COOKIE, path=url_for("auth.login_post"))
+    return resp
 
 
 @bp.post("/logout")
@@ -297,7 +306,8 @@ def _person() -> dict:
     p = people()
     who = session_who() if p.anyone else None
     shown = None if who is None else "read only" if who == READER else who.partition(":")[2] or who
-    return {"who": who, "shown": shown, "csrf": session.get("csrf") if who else None, "can_log_in": p.anyone}
+    return {"who": who, "shown": shown, "csrf": session.get("csrf") if who else None, "can_log_in": p.anyone,
+            "check": who is None and session_unsent()}
 
 
 def install(app: Flask) -> None:

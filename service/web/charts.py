@@ -8,7 +8,7 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from ...client.wire.protocol import parse_rfc3339
-from ...client.wire.records import ActionStatus
+from ...client.wire.status import ActionStatus
 
 LR_ACTIONS = ("scale_lr", "set_lr")
 DOT_R = 7

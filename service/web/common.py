@@ -69,7 +69,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def read_json() -> Any:
-    """The request's JSON body, or the contract's 413 / 415 / 400 with one sentence."""
+    """The request's JSON body, or a 413 / 415 / 400 with one sentence (README: HTTP API)."""
     limit = current_app.config["MAX_CONTENT_LENGTH"]
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the body is larger than {limit // 1024} KiB")
@@ -99,7 +99,8 @@ def read_json() -> Any:
 
 
 def live_targets(r: Any) -> list[dict]:
-    """Training clients and node agents with a recent heartbeat, sorted by kind and name."""
+    """Training clients and node agents with a recent heartbeat, sorted by kind and name; a process whose last
+    heartbeat says it closed is not live any more."""
     now = time.time()
     r.zremrangebyscore(keys.TARGETS, "-inf", now - 86400)
     labels = r.zrangebyscore(keys.TARGETS, now - LIVE_WINDOW, "+inf")
@@ -110,7 +111,7 @@ def live_targets(r: Any) -> list[dict]:
     out = []
     for label, raw in zip(labels, pipe.execute()):
         info = _heartbeat(raw)
-        if info is None:
+        if info is None or info.get("closed") is True:
             continue
         kind, _, name = label.partition(":")
         seen = info.pop("last_seen")

@@ -10,9 +10,10 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from ...client.wire import keys
-from ...client.wire.records import ActionStatus
+from ...client.wire.status import ActionStatus
 
 from ..prometheus import Prometheus, PrometheusError, Series, decode, encode, expr_of, split_comparison
+from .chart_markers import KEY_R, Marked, events as marker_events, marked
 from .charts import Frame, Tick, floats, lr_changes, parse_time, time_ticks, x_of
 
 MAX_SPAN = 6 * 3600.0
@@ -23,19 +24,6 @@ PAST_TTL = 86400
 # After a failed query the page shows its note this long before asking Prometheus again.
 FAILED_TTL = 30
 POWER_ACTIONS = ("power_limit", "restore_power_limit")
-LABEL_ROWS = 4
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A vertical line at a moment: an action's ack, a stage, the alert's start or its resolve."""
-
-    x: float
-    kind: str
-    label: str
-    title: str
-    row: int = 0  # which line of labels at the top, so close markers' labels do not overlap
-    anchor: str = "start"  # "end" near the right edge: the label reads leftwards from its line
 
 
 @dataclass(frozen=True)
@@ -56,7 +44,7 @@ class Plot:
     lines: tuple[Line, ...]
     xticks: tuple[Tick, ...]
     yticks: tuple[Tick, ...]
-    markers: tuple[Marker, ...]
+    marked: Marked
     title: str
 
 
@@ -78,7 +66,7 @@ def window(anchor: dict[str, Any], ladder: Sequence[dict[str, Any]], now: float)
     on): padded by a sixth of that span, a minute at least, and at most MAX_SPAN long."""
     created = parse_time(anchor.get("created_at")) or now
     started = parse_time((anchor.get("alert") or {}).get("starts_at")) or created
-    events = [created, *(t for t, _ in _events(ladder))]
+    events = [created, *(e[0] for e in marker_events(ladder))]
     first = max(min(started, *events), created - MAX_SPAN / 2)
     over = any((r.get("outcome") or {}).get("resolved_at") for r in ladder)
     end = max(events) if over else now
@@ -87,48 +75,6 @@ def window(anchor: dict[str, Any], ladder: Sequence[dict[str, Any]], now: float)
     if t1 - t0 > MAX_SPAN:
         t1 = t0 + MAX_SPAN
     return t0, max(t1, t0 + 120)
-
-
-def _events(records: Iterable[dict[str, Any]]) -> list[tuple[float, Marker]]:
-    """(time, marker with x unset) for each ack, stage and resolve of the records."""
-    out = []
-    for rec in records:
-        stage = (rec.get("escalation") or {}).get("stage") or 0
-        created = parse_time(rec.get("created_at"))
-        if stage and created is not None:
-            out.append((created, Marker(0, "stage", f"stage {stage}", f"escalation stage {stage} decided")))
-        for a in rec.get("actions") or ():
-            at = parse_time(a.get("acked_at"))
-            if at is not None and a.get("status") == ActionStatus.APPLIED:
-                out.append((at, Marker(0, "action", a["action"], f"{a['action']} applied ({rec['playbook']})")))
-        resolved = parse_time((rec.get("outcome") or {}).get("resolved_at"))
-        if resolved is not None:
-            out.append((resolved, Marker(0, "resolve", "resolved", "the alert resolved")))
-    return out
-
-
-def _markers(anchor: dict[str, Any], records: Iterable[dict[str, Any]], t0: float, t1: float,
-             frame: Frame) -> tuple[Marker, ...]:
-    events = _events(records)
-    started = parse_time((anchor.get("alert") or {}).get("starts_at"))
-    if started is not None:
-        events.append((started, Marker(0, "alert", "fired", "the alert started firing")))
-    seen: set[tuple[str, float]] = set()
-    out = []
-    ends: list[float] = []  # per label row, where its last label ends (px)
-    for t, m in sorted(events, key=lambda e: e[0]):
-        if t0 <= t <= t1 and (m.kind, round(t)) not in seen:
-            seen.add((m.kind, round(t)))
-            x = x_of(t, t0, t1, frame)
-            width = 7 * len(m.label) + 8
-            side = "end" if x + width > frame.x1 else "start"
-            left = x - width if side == "end" else x
-            row = next((i for i, e in enumerate(ends) if e < left), len(ends))
-            if row == len(ends):
-                ends.append(0.0)
-            ends[row] = left + width
-            out.append(Marker(x, m.kind, m.label, m.title, row % LABEL_ROWS, side))
-    return tuple(out)
 
 
 def _nice_ticks(lo: float, hi: float) -> list[float]:
@@ -146,7 +92,7 @@ def plot(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], t0: float,
          markers_for: Any = None, height: int = 240, dashed: int = 0) -> Plot | None:
     """Lines for (name, points) pairs over [t0, t1], the last `dashed` of them dashed (thresholds); None when
     no point falls in the window."""
-    frame = Frame(height=height, left=80)
+    frame = Frame(height=height, left=80, top=2 * KEY_R + 6)  # room above the plot for the markers' keys
     values = [v for _, pts in series for t, v in pts if t0 <= t <= t1]
     if not values:
         return None
@@ -165,8 +111,8 @@ def plot(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], t0: float,
                             for j, (t, v) in enumerate(inside))
             lines.append(Line(path, name, i, i >= len(series) - dashed))
     yticks = tuple(Tick(y(v), f"{v:.4g}") for v in _nice_ticks(lo, hi))
-    markers = markers_for(t0, t1, frame) if markers_for else ()
-    return Plot(frame, tuple(lines), time_ticks(t0, t1, frame), yticks, markers, title)
+    marks = markers_for(t0, t1, frame) if markers_for else Marked()
+    return Plot(frame, tuple(lines), time_ticks(t0, t1, frame), yticks, marks, title)
 
 
 def steps(changes: Iterable[tuple[float, float, float]], t1: float) -> list[tuple[float, float]]:
@@ -211,8 +157,8 @@ def around(r: Any, prom: Prometheus | None, anchor: dict[str, Any], records: Seq
     t0, t1 = window(anchor, [r_ for r_ in records if r_["id"] == rid or _same_ladder(r_, anchor)], now)
     kind = (anchor.get("target") or {}).get("kind") or "job"
 
-    def markers_for(a: float, b: float, frame: Frame) -> tuple[Marker, ...]:
-        return _markers(anchor, records, a, b, frame)
+    def markers_for(a: float, b: float, frame: Frame) -> Marked:
+        return marked(anchor, records, a, b, frame)
 
     lower = below(kind, records, t0, t1, markers_for)
     if prom is None:

@@ -1,20 +1,20 @@
 """Prometheus metrics, exact across gunicorn workers via prometheus_client's multiprocess mode.
 
 Counters the service itself moves (alerts, remediations, webhook time) live in the worker processes and
-are merged from PROMETHEUS_MULTIPROC_DIR. Acks are written by trainers and agents straight into Redis,
-so their counts, their latency and the mailbox backlog are read from Redis at scrape time instead: from
-aggregates the scripts keep up to date as records are dispatched, claimed, acknowledged and expired (the
-metrics hash, keys.metrics) and from the live targets by kind (keys.live), so a scrape costs the same with
-10 targets or 10,000. On Redis Cluster the counts are kept per target (a script may only write its own
-slot) and summed at scrape.
+are merged from PROMETHEUS_MULTIPROC_DIR. Acks are written by trainers and agents into their own target's
+keys, which the service folds into the metrics hash (keys.METRICS, service/fold.py) as it looks at them, with
+the counts its own scripts keep as records are dispatched and expire; a scrape reads that hash and the live
+targets by kind (keys.live), so it costs the same with 10 targets or 10,000.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import redis
 from flask import Blueprint, Response, current_app
@@ -25,10 +25,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ...client.wire import keys
-from ...client.wire.cluster import metrics_hashes
-from ...client.wire.records import ACK_LATENCY_BUCKETS
+from ...client.wire.scripts import ACK_LATENCY_BUCKETS
 
-from .. import outcomes, unmatched
+from .. import goodput_metrics, history, outcomes, repairs, unmatched
+from ..fold import REJECT_REASONS
 from ..rules.alerts import AlertGroup
 from ..signals import metrics_text as training_signals
 
@@ -44,9 +44,6 @@ WEBHOOK_SECONDS = Histogram("trainmedic_webhook_duration_seconds", "Time to hand
 ENDED = Counter("trainmedic_records_ended_total",
                 "Records the reconciler ended (an action nobody acknowledged in time), by the record's final status.",
                 ["status"])
-
-REJECT_REASONS = ("bad_signature", "unsigned", "replayed")
-
 
 class Metrics:
     """The service's counters, fed by the request handlers."""
@@ -95,28 +92,6 @@ class RedisCollector(Collector):
         yield up
         yield from families
 
-    def _forget_some(self, batch: int = 100) -> None:
-        """Drop from the set of targets with mailboxes a few (at most `batch` a scrape: a bounded cost) that
-        have nothing left: no ack stats, no due items, no heartbeat (their keys reached their TTLs)."""
-        labels = [str(x) for x in (self.r.srandmember(keys.MAILBOXES, batch) or [])]
-        targets = [(label, keys.parse_label(label)) for label in labels]
-        pipe = self.r.pipeline(transaction=False)
-        for _, t in targets:
-            if t is not None:
-                pipe.exists(keys.ack_stats(t))
-                pipe.exists(keys.due_items(t))
-                pipe.exists(keys.metrics(t, True))
-        answers = iter(pipe.execute() if targets else [])
-        gone = []
-        seen = self.r.zmscore(keys.TARGETS, labels) if labels else []
-        for (label, t), score in zip(targets, seen):
-            # Read all three answers of a target before looking at them (any() would stop at the first).
-            held = [next(answers) for _ in range(3)] if t is not None else []
-            if t is None or (not any(held) and score is None):
-                gone.append(label)
-        if gone:
-            self.r.srem(keys.MAILBOXES, *gone)
-
     def _families(self) -> list[Metric]:
         now_ms = int(time.time() * 1000)
         pipe = self.r.pipeline(transaction=False)
@@ -127,18 +102,25 @@ class RedisCollector(Collector):
         pipe.get(keys.RESETS)
         pipe.get(keys.TAMPERED)
         pipe.get(keys.RESYNCED)
-        *counts, pending_approval, rejected, resets, tampered, resynced = pipe.execute()
+        pipe.get(keys.REPAIRS)
+        pipe.hgetall(keys.METRICS)
+        *counts, pending_approval, earlier_rejected, resets, tampered, resynced, repaired, stats = pipe.execute()
         live = dict(zip(keys.TARGET_KINDS, (int(n) for n in counts)))
 
         acked: dict[tuple[str, str], int] = defaultdict(int)
         buckets: dict[str, list[int]] = defaultdict(lambda: [0] * (len(ACK_LATENCY_BUCKETS) + 1))
         sums: dict[str, float] = defaultdict(float)
         backlog = {kind: 0 for kind in keys.TARGET_KINDS}
-        for stats in metrics_hashes(self.r):
-            _add_stats(stats, acked, buckets, sums, backlog)
+        rejected: dict[str, int] = defaultdict(int)
+        # An earlier version counted refusals in a hash of their own.
+        for reason, n in earlier_rejected.items():
+            if reason in REJECT_REASONS and str(n).lstrip("-").isdigit():
+                rejected[reason] += int(n)
+        bad = _add_stats(stats, acked, buckets, sums, backlog, rejected)
+        if bad:
+            repairs.note(self.r, "fields of the metrics hash that were not counts", bad)
         # A keyspace that held dispatched records before these counts existed (an upgrade) may count below 0.
         backlog = {kind: max(0, n) for kind, n in backlog.items()}
-        self._forget_some()
 
         acked_f = CounterMetricFamily("trainmedic_actions_acked_total",
                                       "Actions acknowledged by trainers and agents, by action and status.",
@@ -165,19 +147,22 @@ class RedisCollector(Collector):
                                          "Commands appliers refused (bad_signature, unsigned) or answered without "
                                          "applying again (replayed), as they reported through Redis.",
                                          labels=["reason"])
-        for reason in sorted(set(REJECT_REASONS) | set(rejected)):
-            rejected_f.add_metric([reason], int(rejected.get(reason, 0)))
+        for reason in REJECT_REASONS:
+            rejected_f.add_metric([reason], rejected.get(reason, 0))
         resets_f = CounterMetricFamily("trainmedic_redis_resets",
-                                       "Times Redis came back without trainmedic's data.", value=int(resets or 0))
+                                       "Times Redis came back without trainmedic's data.", value=_count(resets))
         tampered_f = CounterMetricFamily("trainmedic_records_tampered",
                                          "Records the service refused to act on because their stored steps no "
-                                         "longer matched what it decided.", value=int(tampered or 0))
+                                         "longer matched what it decided.", value=_count(tampered))
         resynced_f = CounterMetricFamily("trainmedic_resynced",
                                          "Alerts the resync decided: Alertmanager listed them as active and Redis "
                                          "had no episode of them (writes lost in a crash, or an empty Redis).",
-                                         value=int(resynced or 0))
+                                         value=_count(resynced))
+        repairs_f = CounterMetricFamily("trainmedic_redis_repairs",
+                                        "Keys of a wrong type or values that did not parse, that the service "
+                                        "repaired or skipped.", value=_count(repaired))
         return [acked_f, latency_f, backlog_f, live_f, approvals_f, rejected_f, resets_f, tampered_f, resynced_f,
-                *self._outcomes()]
+                repairs_f, *self._outcomes()]
 
     def _outcomes(self) -> list[Metric]:
         counts, hist = outcomes.counts(self.r)
@@ -224,14 +209,24 @@ def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str,
     return out
 
 
-def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict, backlog: dict) -> None:
-    """Fold a metrics hash (fields written by the scripts: lua/common.lua, lua/ack.lua) into the totals."""
+def _count(text: Any) -> int:
+    """A counter's value as Redis holds it (0 for none, or for what is not a whole number)."""
+    try:
+        return max(0, int(text or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict, backlog: dict,
+               rejected: dict) -> int:
+    """Fold the metrics hash (fields its folds and the service's scripts write) into the totals; how many fields
+    did not read as counts."""
+    bad = 0
     for field, value in stats.items():
         kind, _, rest = field.partition("|")
         try:
-            if kind == "backlog":
-                if rest in backlog:
-                    backlog[rest] += int(value)
+            if kind == "backlog" and rest in backlog:
+                backlog[rest] += int(value)
             elif kind == "n":
                 action, _, status = rest.partition("|")
                 acked[(action, status)] += int(value)
@@ -239,9 +234,17 @@ def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict, ba
                 action, _, slot = rest.rpartition("|")
                 buckets[action][len(ACK_LATENCY_BUCKETS) if slot == "inf" else int(slot)] += int(value)
             elif kind == "s":
-                sums[rest] += float(value)
+                x = float(value)
+                if not math.isfinite(x):
+                    raise ValueError(value)
+                sums[rest] += x
+            elif kind == "rej" and rest in REJECT_REASONS:
+                rejected[rest] += int(value)
+            else:
+                bad += 1
         except (ValueError, IndexError):
-            log.warning("metrics: ignoring malformed ack stats field %r", field)
+            bad += 1
+    return bad
 
 
 def registry_for(r: redis.Redis, bounded: tuple[str, ...] = ()) -> CollectorRegistry:
@@ -261,9 +264,15 @@ def metrics() -> Response:
     """Prometheus text format: every worker's counters plus what Redis holds, and every job's training signals."""
     x = current_app.extensions["trainmedic"]
     r = x.redis
+    try:
+        # What the targets the service heard from (their acks) left in their own keys, counted first.
+        history.catch_up(r, wait=0.2)
+    except redis.RedisError:
+        pass  # trainmedic_redis_up says so below
     body = generate_latest(registry_for(r, tuple(p.name for p in x.playbooks if p.max_active)))
     try:
         body += training_signals(r)
+        body += goodput_metrics.metrics_text(r)
     except redis.RedisError as exc:  # trainmedic_redis_up says so already; the rest of the scrape still answers
         log.warning("metrics: training signals unavailable: %s", exc)
     return Response(body, mimetype=CONTENT_TYPE_LATEST)

@@ -10,10 +10,11 @@ from flask import Blueprint, current_app, jsonify
 from ...client.wire import keys
 from ...client.wire.actions import CATALOGUE
 from ...client.wire.durations import POSITIVE as POSITIVE_DURATION
-from ...client.wire.records import Outcome, RecordStatus, values
-from ...client.wire.records import SCHEMA as RECORD_SCHEMAS
+from ...client.wire.status import Outcome, RecordStatus, values
 
-from .. import history
+from ..store.views import SCHEMA as RECORD_SCHEMAS
+
+from .. import history, jobs
 from ..rules import alerts
 
 bp = Blueprint("openapi", __name__)
@@ -54,6 +55,8 @@ SCHEMAS: dict[str, Any] = {
     },
     # The record's own shape, from the module that writes and reads it.
     **RECORD_SCHEMAS,
+    # A job's time (Goodput), likewise from its views.
+    **jobs.SCHEMA,
     "HistoryPage": {
         "type": "object", "required": ["items", "next"],
         "properties": {
@@ -192,7 +195,8 @@ SCHEMAS: dict[str, Any] = {
 
 WEBHOOK: list[dict[str, list[str]]] = [{"webhook": []}]
 OPERATOR: list[dict[str, list[str]]] = [{"operator": []}]
-REDIS_DOWN = _error("Redis is unavailable; retry later (Alertmanager retries 5xx).")
+REDIS_DOWN = _error("Redis is unavailable, or the worker already holds as many requests as it may (any endpoint); "
+                    "retry later (Alertmanager retries 5xx).")
 AUTH_ERRORS = {
     "401": _error("Authorization: Bearer token missing or wrong (a token is configured)."),
     "403": _error("No token is configured and the request is not from loopback."),
@@ -248,6 +252,10 @@ RECORD_LINKS = {
     "ApproveRemediation": {"operationId": "approve", "parameters": {"id": "$response.body#/id"}},
     "RejectRemediation": {"operationId": "reject", "parameters": {"id": "$response.body#/id"}},
 }
+
+
+# A listed job leads to the job itself.
+JOB_LINKS = {"GetJob": {"operationId": "getJob", "parameters": {"name": "$response.body#/items/0/job_name"}}}
 
 
 def _paths() -> dict:
@@ -327,6 +335,27 @@ def _paths() -> dict:
             "responses": {"200": _json(_ref("Targets"), "Targets with a heartbeat in the last minute."),
                           "503": REDIS_DOWN},
         }},
+        "/jobs": {"get": {
+            "summary": "Every job seen in the last 30 days and where its time went, live ones first, then by name",
+            "operationId": "listJobs", "tags": ["jobs"],
+            "parameters": [
+                _query("live", {"type": "string", "enum": ["", "true", "false"]},
+                       "true: only live jobs; false: only the others (empty: all)."),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": jobs.MAX_LIMIT,
+                                 "default": jobs.DEFAULT_LIMIT}, "Jobs per page."),
+                _query("before", {"type": "string", "pattern": "^$|" + jobs.CURSOR_RE.pattern.replace("\\Z", "$")},
+                       "The `next` cursor of the previous page.")],
+            "responses": {"200": {**_json(_ref("JobsPage"), "A page of jobs."), "links": JOB_LINKS},
+                          "400": _error("A bad query."),
+                          **TOO_LONG, "503": REDIS_DOWN},
+        }},
+        "/jobs/{name}": {"get": {
+            "summary": "One job: where its time went, and its incidents", "operationId": "getJob", "tags": ["jobs"],
+            "parameters": [_path("name", {"type": "string"})],
+            "responses": {"200": _json(_ref("Job"), "The job, with its incidents."),
+                          "404": _error("No job of that name was seen in the last 30 days."), **TOO_LONG,
+                          "503": REDIS_DOWN},
+        }},
         "/healthz": {"get": {
             "summary": "The process is up", "operationId": "healthz", "tags": ["probes"],
             "responses": {"200": _json(_ref("Health"), "Up.")},
@@ -350,7 +379,8 @@ def _paths() -> dict:
                           **TOO_LONG, "503": REDIS_DOWN},
         }},
         "/targets/{kind}/{name}": {"get": {
-            "summary": "One target's page: timeline, LR before and after, its records", "operationId": "targetPage",
+            "summary": "One target's page: timeline, LR before and after, its records; a job's time by kind, its "
+                       "goodput and incidents", "operationId": "targetPage",
             "tags": ["pages"],
             "parameters": [_path("kind", {"type": "string", "enum": ["job", "node"]}),
                            _path("name", {"type": "string", "pattern": TARGET_NAME})],
@@ -415,7 +445,7 @@ def document(playbooks: tuple[str, ...] = ()) -> dict:
                                         "person and never holds the token."},
             },
         },
-        "tags": [{"name": n} for n in ("webhook", "history", "remediations", "targets", "probes", "pages")],
+        "tags": [{"name": n} for n in ("webhook", "history", "remediations", "targets", "jobs", "probes", "pages")],
     }
 
 

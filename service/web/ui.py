@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -14,12 +15,13 @@ from flask.templating import Environment
 from markupsafe import Markup, escape
 
 from ...client.wire import keys
-from ...client.wire import records as record_store
-from ...client.wire.records import Outcome, RecordStatus
+from ...client.wire.status import Outcome, RecordStatus
+
+from ..store import record as record_store
 
 from .. import history, outcomes
 from ..errors import BadRequest
-from . import charts, metric_chart
+from . import charts, folds, job_page, metric_chart
 from .common import ext as _ext, live_targets
 
 bp = Blueprint("ui", __name__, template_folder="templates")
@@ -92,7 +94,7 @@ def _strip(ext: Any, now: float) -> list[dict]:
     breakers = ext.dispatcher.breaker.state(ext.playbooks, now)
     rows = []
     for name, st in stats.items():
-        shown = {k: st.counts[k] for k in (Outcome.EFFECTIVE, Outcome.INEFFECTIVE, Outcome.PENDING)}
+        shown = {k: st.counts[k] for k in (Outcome.EFFECTIVE, Outcome.INEFFECTIVE, Outcome.PENDING, Outcome.UNKNOWN)}
         rows.append({"name": name, "counts": shown, "total": sum(shown.values()), "median": st.median,
                      "breaker": breakers.get(name)})
     return rows
@@ -129,7 +131,8 @@ def index() -> Any:
 
 @bp.get("/targets/<kind>/<name>")
 def target(kind: str, name: str) -> Any:
-    """One target: whether it is live, its remediations over time, its LR before and after, its records."""
+    """One target: whether it is live, its remediations over time, its LR before and after, its records; a job's
+    time by kind, its goodput and incidents."""
     ext, now = _ext(), time.time()
     if kind not in keys.TARGET_KINDS or not keys.TARGET_NAME_RE.match(name):
         message = (f"There is no target {kind}/{name}: the kind is job or node, and the name is 1 to 128 "
@@ -148,7 +151,8 @@ def target(kind: str, name: str) -> Any:
         "target.html", **_common(now), kind=kind, name=name, live=live, items=items, next=nxt,
         all_url=url_for("ui.index", target=label), timeline=charts.timeline(items, now),
         lr=charts.lr_chart(changes, now, current), lr_changes=changes, dot_r=charts.DOT_R, around=around,
-        lr_groups=max((len(c.before) for c in changes), default=0)), 200, HTML
+        lr_groups=max((len(c.before) for c in changes), default=0),
+        gp=job_page.job_time(ext.redis, name, now) if kind == "job" else None), 200, HTML
 
 
 @bp.get("/records/<rid>")
@@ -169,7 +173,9 @@ def record(rid: str) -> Any:
         t = rec.get("target") or {}
         live = next((x for x in live_targets(ext.redis) if x["kind"] == t.get("kind") and x["name"] == t.get("name")),
                     None)
+    playbook = next((p for p in ext.playbooks if p.name == rec.get("playbook")), None)
     return _page("record.html", **_common(now), rec=rec, ladder=ladder, around=around, live=live,
+                 description=playbook.description if playbook else None,
                  checkpoints=_checkpoints(ext.redis, rid, rec)), 200, HTML
 
 
@@ -195,7 +201,7 @@ def _checkpoints(r: Any, rid: str, rec: dict) -> dict | None:
         jobs = [(str(j.get("job")), str(j.get("id"))) for j in result.get("jobs") or [] if isinstance(j, dict)]
         deadline = None
     else:  # still waiting (or not begun): the plan on the record names the jobs and the deadline
-        plan = json.loads(record_store.field(r, rid, "ckpt") or "{}")
+        plan = json.loads(record_store.field_of(r, rid, "ckpt") or "{}")
         jobs = [(str(job), str(cid)) for job, cid in plan.get("jobs") or []]
         deadline = int(plan["deadline_ms"]) / 1000 if plan.get("deadline_ms") else None
     pipe = r.pipeline(transaction=False)
@@ -344,6 +350,32 @@ def lr_change(result: Any) -> Markup:
                   f'{escape(lrs(old))} → {escape(lrs(new))}</span>')
 
 
+# A rollback's passed-over checkpoints (its result's passed_over), each reason in words.
+PASSED_OVER_WHY = {"missing_file": "a file its manifest lists is missing",
+                   "size_mismatch": "a file is not the size its manifest lists",
+                   "digest_mismatch": "a file's SHA-256 differs from its manifest's",
+                   "incomplete": "no manifest, and a file the framework writes is missing",
+                   "unreadable": "its manifest or weights do not parse"}
+
+
+@bp.app_template_global()
+def passed_over(result: Any) -> Markup:
+    """The checkpoints a rollback passed over, newest first, each with why, when its result lists any."""
+    items = result.get("passed_over") if isinstance(result, dict) else None
+    if not isinstance(items, list) or not items:
+        return Markup("")
+    rows = "".join(f'<li><span class="mono">{escape(str(i.get("path")))}</span> '
+                   f'<span class="muted">{escape(PASSED_OVER_WHY.get(str(i.get("why")), str(i.get("why"))))}'
+                   f'</span></li>' for i in items if isinstance(i, dict))
+    return Markup(f'\n<div class="passed-over">Passed over, newest first:<ul>{rows}</ul></div>')
+
+
+@bp.app_template_filter("fold")
+def fold(items: list[dict]) -> list[folds.Row]:
+    """A page's records as its lines: each repeat of a remediation folded under it (web/folds.py)."""
+    return folds.fold(items)
+
+
 @bp.app_template_filter("word")
 def word(value: Any) -> str:
     """A status or reason as words: partially_applied -> partially applied."""
@@ -390,6 +422,25 @@ def duration(seconds: Any) -> str:
 def pretty(value: Any) -> str:
     """JSON for reading (autoescaped by the template like any other text)."""
     return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """Every float in a JSON value to `digits` significant digits (0.00015000000000499997 -> 0.00015)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+@bp.app_template_global()
+def result_json(result: Any) -> Markup:
+    """An action's result as JSON for reading, its numbers rounded; the exact value on hover when they were."""
+    full, shown = pretty(result), pretty(rounded(result))
+    exact = f' title="exact: {escape(full)}"' if shown != full else ""
+    return Markup(f'<pre class="result"{exact}>{escape(shown)}</pre>')
 
 
 @bp.app_template_filter("lrs")

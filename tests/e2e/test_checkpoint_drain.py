@@ -23,7 +23,8 @@ import pytest
 import redis
 import requests
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from tests.conftest import AUTH, OP_AUTH, ROOT, VERIFY_KEY
 from tests.support.jobs import wait_until
 from tests.support.nvml import AgentProcess, NvmlState

@@ -10,7 +10,8 @@ from typing import Any
 
 import requests
 
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 from trainmedic.service.embedded_redis import free_port
 
 from tests.conftest import TOKEN, post_json, write_playbooks

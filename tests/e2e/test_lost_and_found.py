@@ -14,7 +14,8 @@ import requests
 
 from trainmedic.client.receiver.mailbox import Mailbox
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import get as record_here
+from trainmedic.service.beats import announce
+from trainmedic.service.store.record import get as record_here
 
 from tests.conftest import write_playbooks
 from tests.support.jobs import send as send_here, service
@@ -280,7 +281,8 @@ def test_a_claim_is_offered_to_a_restarted_process_once_it_is_10_s_old_not_10_s_
     box = Mailbox(r, target)
     claimed = time.time()
     assert box.claim(box.fetch()[0], "gpu-1:100") == "ok"  # then the process died
-    box.heartbeat({"kind": "job", "name": JOB, "host": "gpu-1", "pid": 200}, first=True)  # its replacement
+    box.heartbeat({"kind": "job", "name": JOB, "host": "gpu-1", "pid": 200})  # its replacement
+    announce(r, [target])  # what the service does when it hears the replacement announce itself
     rc = service(r).extensions["trainmedic"].reconciler
     rc.tick(claimed + 4)  # the replacement's first heartbeat: the claim is too young to be taken from its owner
     assert record_here(r, rid)["actions"][0]["status"] == "delivered"

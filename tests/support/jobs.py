@@ -1,6 +1,8 @@
 """Helpers for tests: job playbooks, sending through the service, injecting commands, waiting for acks."""
 from __future__ import annotations
 
+import json
+
 import time
 from pathlib import Path
 from typing import Any
@@ -8,9 +10,10 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from trainmedic.client.wire import records
+from trainmedic.service.store import record as records
 from trainmedic.client.wire import keys
-from trainmedic.client.wire.records import Step
+from trainmedic.client.wire.protocol import Command, command_message, command_of_record
+from trainmedic.service.store.decision import Step
 from trainmedic.service.app import create_app
 from trainmedic.service.decide import plan
 from trainmedic.service.rules.playbooks import Playbook
@@ -86,6 +89,8 @@ def service(r: redis.Redis) -> Any:
     if url not in _apps:
         _apps[url] = create_app({"TESTING": True, "redis_url": url, "webhook_token": TOKEN, "operator_token": OPERATOR,
                                  "signing_key": SIGNING_KEY, "playbooks": str(ROOT / "playbooks")})
+        # It hears what trainers and agents say, as every gunicorn worker does (for the session's length).
+        _apps[url].extensions["trainmedic"].reconciler.listener.start()
     return _apps[url]
 
 
@@ -113,6 +118,15 @@ def inject(r: redis.Redis, target: keys.Target, steps: Sequence[tuple[str, dict]
     [o] = disp.submit([made])
     assert o.status == "dispatched", o.status
     return str(o.record_id)
+
+
+def wait_capable(r: redis.Redis, job: str, action: str, tick: Callable[[], Any] | None = None) -> None:
+    """Wait until the job's heartbeat lists the action (a handler registered just now): the service decides a
+    command from what the heartbeat says the job can apply."""
+    def listed() -> bool:
+        raw = r.get(keys.heartbeat(keys.Target("job", job)))
+        return bool(raw) and action in (json.loads(raw).get("actions") or [])
+    wait_until(listed, tick=tick, what=f"{job}'s heartbeat to list {action}")
 
 
 def settled(rec: dict | None) -> bool:
@@ -156,17 +170,18 @@ def mailbox_entries(r: redis.Redis, job: str) -> list:
     return r.xrange(keys.mailbox(keys.Target("job", job)))
 
 
-def entry_command(r: redis.Redis, fields: dict) -> tuple[str, str]:
-    """A mailbox entry's signed command and signature: stored in the record it names (`r`), or carried by the
-    entry itself (`c`, `s`: entries written by an earlier version, or injected by a test)."""
-    if "c" in fields:
-        return fields["c"], fields.get("s") or ""
-    text, sig = r.hmget(keys.record(fields["r"]), "cmd", "sig")
-    assert text is not None, f"record {fields['r']} holds no command"
-    return text, sig or ""
+def entry_command(r: redis.Redis, target: keys.Target, fields: dict) -> tuple[Command, bytes, str]:
+    """A mailbox entry's command, the bytes it is signed over and its signature, rebuilt from the record it names
+    (`r`) as an applier rebuilds it (client/receiver/mailbox.py)."""
+    rid = fields["r"] + f"~{target.kind}~{target.name}" if len(fields["r"]) == 26 else fields["r"]
+    d, sig, exp, send, legacy = r.hmget(keys.record(rid), "d", "sig", "exp", "send", "cmd")
+    if legacy is not None:
+        return Command.from_json(legacy), legacy.encode(), sig or ""
+    assert d is not None and sig is not None, f"record {rid} holds no command"
+    return (command_of_record(rid, d, int(exp), send or ""), command_message(rid, int(exp), send or "", d), sig)
 
 
 def episode(r: redis.Redis, target: keys.Target, playbook: str, fingerprint: str) -> dict[str, str]:
-    """An alert's episode, from its playbook's state on the target: its fields without their fingerprint."""
-    head = keys.episode_fields(fingerprint, "")[0]
-    return {k[len(head):]: v for k, v in r.hgetall(keys.playbook_state(target, playbook)).items() if k.startswith(head)}
+    """An alert's episode, from the target's state: its fields without their playbook and fingerprint."""
+    head = keys.episode_fields(playbook, fingerprint, "")[0]
+    return {k[len(head):]: v for k, v in r.hgetall(keys.target_state(target)).items() if k.startswith(head)}

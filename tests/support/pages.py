@@ -16,7 +16,8 @@ import redis
 import torch
 
 from trainmedic.client import RemediationClient
-from trainmedic.client.wire import keys, records
+from trainmedic.client.wire import keys
+from trainmedic.service.store import record as records
 
 from tests.conftest import load_fixture, post_json
 

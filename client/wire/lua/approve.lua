@@ -1,59 +1,70 @@
 -- APPROVE: a person's decision on a record held for approval: release it, or reject it.
--- verb tamper: a person approved, but the hash no longer holds what was decided (its seal does not match):
--- nothing is sent, the record ends skipped / tampered.
+-- verb tamper: the hash no longer holds what was decided (its seal does not match, or it claims to be held
+-- while the service's approvals index does not list it): nothing is sent, the record ends skipped / tampered.
 -- Returns {'dispatched'}, {'rejected'}, {'tampered'}, {'missing'}, {'not_pending', status} or {'expired'}.
 local rec = KEYS[1]          -- the record
 local mailbox = KEYS[2]      -- the target's mailbox
-local state = KEYS[3]        -- the playbook's state on the target (its alert's episode: field `holds`)
+local state = KEYS[3]        -- the target's state (its alert's episode: field `holds`; the mailbox's count)
 local ob = KEYS[4]           -- the obligation (what on_resolved must undo for this alert)
 local open_z = KEYS[5]       -- the target's due items
-local metrics = KEYS[6]      -- the metrics hash (common.lua)
--- {now (ms), at (RFC 3339), verb: approve | reject | tamper, by, comment, maxlen, channel, command, signature,
---  expires_ms, undo (1: the playbook has on_resolved actions), ob_member, ob_due_ms, episode_ttl_ms, rid, early,
---  defer (as in DECIDE), holds (the episode's field of held records)}
+local journal_key = KEYS[6]  -- the history journal
+local metrics = KEYS[7]      -- the metrics hash
+-- {now (ms), at (RFC 3339), verb: approve | reject | tamper, by, comment, signature, send, expires_ms, undo (1: the
+--  playbook has on_resolved actions), ob_member, ob_due_ms, episode_ttl_ms, rid, early, defer (as in DECIDE),
+--  holds (the episode's field of held records), deadline (ms: the hold's, from the service's approvals index),
+--  kind}
 local a = cjson.decode(ARGV[1])
+local ctx = {journal = journal_key, metrics = metrics, kind = a.kind}
 
 local now = tonumber(a.now)
-if redis.call('EXISTS', rec) == 0 then return {'missing'} end
-local st = redis.call('HGET', rec, 'status')
+local h = redis.call('HMGET', rec, 'status', 'as', 'f')
+if not h[1] then return {'missing'} end
+local st = h[1]
 if st ~= 'pending_approval' then return {'not_pending', st} end
-hist_touch(rec, metrics)  -- every path below changes its status
-if now > tonumber(redis.call('HGET', rec, 'approve_by') or '0') then
-  end_open(rec, 'expired', 'approval_expired', 'Nobody approved it in time.', a.at)
-  redis.call('HSET', rec, 'status', 'expired', 'reason', 'approval_expired')
-  done_or_follow(rec, open_z, a.rid, now)
-  return {'expired'}
-end
 -- Either way the record is no longer a hold of its episode.
 local held = redis.call('HGET', state, a.holds)
 if held then
   local holds = string.gsub(' ' .. held .. ' ', ' ' .. string.gsub(a.rid, '%p', '%%%0') .. ' ', ' ')
   redis.call('HSET', state, a.holds, holds)
 end
-if a.verb == 'reject' then
-  end_open(rec, 'skipped', 'rejected', 'A person rejected it.', a.at)
-  redis.call('HSET', rec, 'status', 'skipped', 'reason', 'rejected', 'rejected_by', a.by, 'rejected_at', a.at,
-             'approval_comment', a.comment)
-  done_or_follow(rec, open_z, a.rid, now)
-  return {'rejected'}
+local function finish(status, reason, code, message, fields)
+  end_open(rec, code, reason, message, a.at)
+  redis.call('HSET', rec, 'status', status, 'reason', reason, unpack(fields))
+  journal(ctx, 'c', a.rid, 'pending_approval', status)
+  done_or_follow(rec, open_z, a.rid, now, h[3])
 end
 if a.verb == 'tamper' then
-  local why = 'Its stored steps no longer match what was decided, so nothing was sent.'
-  end_open(rec, 'skipped', 'tampered', why, a.at)
-  redis.call('HSET', rec, 'status', 'skipped', 'reason', 'tampered', 'detail', why, 'approval_comment', a.comment)
-  done_or_follow(rec, open_z, a.rid, now)
+  local why = 'Its stored decision no longer matches what was decided, so nothing was sent.'
+  finish('skipped', 'tampered', 'S', why, {'detail', why, 'approval_comment', a.comment})
   return {'tampered'}
 end
-count_backlog(rec, 1, metrics)
-redis.call('HSET', rec, 'status', 'dispatched', 'dispatched_ms', now, 'expires_ms', a.expires_ms,
-           'approved_by', a.by, 'approved_at', a.at, 'approval_comment', a.comment)
-decide_early(rec, a.early, a.at)
-if tonumber(a.defer) == 1 then redis.call('HSET', rec, 'conds', '1') end
-send(rec, mailbox, a.channel, a.maxlen, a.rid, a.command, a.signature)
+if now > tonumber(a.deadline) then
+  finish('expired', 'approval_expired', 'E', 'Nobody approved it in time.', {})
+  return {'expired'}
+end
+if a.verb == 'reject' then
+  finish('skipped', 'rejected', 'S', 'A person rejected it.',
+         {'rejected_by', a.by, 'rejected_at', a.at, 'approval_comment', a.comment})
+  return {'rejected'}
+end
+local w = {'status', 'dispatched', 'at', now, 'exp', a.expires_ms, 'approved_by', a.by, 'approved_at', a.at,
+           'approval_comment', a.comment}
+local as = decide_early(h[2] or '', a.early, a.at, w)
+w[#w + 1] = 'as'
+w[#w + 1] = as
+if tonumber(a.defer) == 1 then w[#w + 1] = 'conds'; w[#w + 1] = '1' end
+if a.signature ~= '' then
+  w[#w + 1] = 'sig'; w[#w + 1] = a.signature
+  if a.send ~= '' then w[#w + 1] = 'send'; w[#w + 1] = a.send end
+end
+redis.call('HSET', rec, unpack(w))
+journal(ctx, 'c', a.rid, 'pending_approval', 'dispatched')
+count_backlog(ctx, 1)
+if a.signature ~= '' then deliver(mailbox, state, a.rid) end
 redis.call('ZADD', open_z, a.expires_ms, a.rid)
 -- A followed record is looked at now (its silence is made, its conditions evaluated, when it dispatches).
-if redis.call('HGET', rec, 'follow') == '1' then redis.call('ZADD', open_z, now, a.rid) end
-settle(rec, now, open_z, a.rid, metrics)
+if h[3] == '1' then redis.call('ZADD', open_z, now, a.rid) end
+settle(rec, now, open_z, a.rid, ctx)
 -- A released firing record changes things the final resolve must undo.
 if tonumber(a.undo) == 1 and ob then
   if redis.call('EXISTS', ob) == 0 then

@@ -1,117 +1,73 @@
--- Shared functions, prepended to the scripts that use them (client/wire/records.py does the prepending). They
--- keep no state between calls and read no KEYS or ARGV: a script passes each function the keys it needs,
--- the metrics hash among them (`metrics`: GET /metrics reads it instead of every target; fields: backlog|KIND,
--- records dispatched and not settled, trainmedic_mailbox_backlog, and ACK's n|ACTION|STATUS, b|ACTION|BUCKET,
--- s|ACTION). It is the global hash on a single Redis and the target's own on a cluster.
+-- Shared functions, prepended to the scripts that use them (client/wire/scripts.py does the prepending). They
+-- keep no state between calls and read no KEYS or ARGV: a script passes each function the keys it needs.
+--
+-- A record (README: "How it works", the record) is one hash in its target's slot: `d`, what was decided (its
+-- alert, playbook, steps and context, written once, sealed) and, beside it, what changes later: `status`,
+-- `reason`, `as` (one character per action: its status, ACTION_CODES below), `r:I` (action I's answer, JSON:
+-- reason, result, at, by), `exp` (when its command expires, ms), `sig` (the command's signature: the command is
+-- rebuilt from `d` by whoever checks it), `f` (the reconciler follows it), `v` (verify, ms), `c` (who claimed
+-- it, and when), `outcome`, and the service's marks.
+--
+-- `ctx` (every script that changes a status gets one): {journal = the history journal, metrics = the hash of
+-- counts GET /metrics folds in, kind = the target's kind, up = the target's channel to the service or ''}.
+-- The service's own scripts get the global journal and metrics hash on a single Redis; an applier's scripts,
+-- and every script on Redis Cluster, get the target's own (its slot): the service folds those in.
 
--- The single Redis's metrics hash (client/wire/keys.py METRICS) and history journal (HIST_JOURNAL).
-local GLOBAL_METRICS = 'trainmedic:metrics'
-local GLOBAL_JOURNAL = 'trainmedic:hist:journal'
--- How long a cluster target's metrics hash and journal live after their last write (30 days, ms; the single
--- Redis's are bounded by their fields and their reader).
-local KEEP_MS = 2592000000
--- Metrics keys whose TTL this call already set: once per key per call is enough (a call starts with none).
-local metrics_ttl = {}
+-- Action status <-> code (client/wire/status.py ACTION_CODES says the same).
+local CODE = {pending = 'P', delivered = 'D', applied = 'A', failed = 'F', unsupported = 'U', expired = 'E',
+              skipped = 'S', lost = 'L'}
+local NAME = {P = 'pending', D = 'delivered', A = 'applied', F = 'failed', U = 'unsupported', E = 'expired',
+              S = 'skipped', L = 'lost'}
 
--- The history index (service/history.py) learns of a record that was made or whose status or outcome changed
--- through a journal of record ids: the global one on a single Redis (where `metrics` is the global hash),
--- else the target's own list in its slot (whoever ran the script names the target in trainmedic:hist:dirty,
--- client/wire/cluster.py mark_journaled, and the indexer moves the list to the global one). The service drains it.
-local function journal_of(rec, metrics)
-  local i = string.find(rec, ':rec:', 1, true)
-  if not i then return nil, nil end
-  if metrics == GLOBAL_METRICS then return GLOBAL_JOURNAL, string.sub(rec, i + 5) end
-  return string.sub(rec, 1, i) .. 'hj', string.sub(rec, i + 5)
+-- `as` with action i (from 0) set to code.
+local function set_code(as, i, code)
+  return string.sub(as, 1, i) .. code .. string.sub(as, i + 2)
 end
 
-local function hist_touch(rec, metrics)
-  local journal, rid = journal_of(rec, metrics)
-  if not journal then return end
-  redis.call('RPUSH', journal, rid)
-  if journal ~= GLOBAL_JOURNAL then redis.call('PEXPIRE', journal, KEEP_MS) end
+-- A status or outcome change, for the history index (service/history.py folds the journal): c|rid|old|new for
+-- a status, o|rid|old|new for an outcome ('-' for none).
+local function journal(ctx, what, rid, old, new)
+  redis.call('RPUSH', ctx.journal, what .. '|' .. rid .. '|' .. (old or '-') .. '|' .. new)
 end
 
 -- A record entered (1) or left (-1) the status `dispatched`: its kind's backlog moves with it.
-local function count_backlog(rec, delta, metrics)
-  local kind = string.match(rec, '{(%a+):')
-  if kind then
-    redis.call('HINCRBY', metrics, 'backlog|' .. kind, delta)
-    if metrics ~= GLOBAL_METRICS and not metrics_ttl[metrics] then
-      redis.call('PEXPIRE', metrics, KEEP_MS)
-      metrics_ttl[metrics] = true
-    end
-  end
+local function count_backlog(ctx, delta)
+  redis.call('HINCRBY', ctx.metrics, 'backlog|' .. ctx.kind, delta)
 end
 
--- The writes that DECIDE_MANY's pairs share, made once at the end of the call (`later`, a table the call
--- starts empty): one RPUSH per journal, one HINCRBY per backlog, one PEXPIRE per key (a notification's
--- alerts mostly share their targets, journal and metrics hash).
-local function later_touch(later, rec, metrics)
-  local journal, rid = journal_of(rec, metrics)
-  if not journal then return end
-  later.journal[journal] = later.journal[journal] or {}
-  table.insert(later.journal[journal], rid)
+-- Tell the service to look at the target soon (an applier's script: it may not write the service's indexes).
+local function tell(ctx, what)
+  if ctx.up and ctx.up ~= '' then redis.call('PUBLISH', ctx.up, what) end
 end
 
-local function later_backlog(later, rec, delta, metrics)
-  local kind = string.match(rec, '{(%a+):')
-  if kind then
-    later.backlog[metrics] = later.backlog[metrics] or {}
-    later.backlog[metrics][kind] = (later.backlog[metrics][kind] or 0) + delta
-  end
-end
-
--- A key's TTL, written once per call (the longest asked for wins).
-local function later_expire(later, key, ttl_ms)
-  local have = later.expire[key]
-  if not have or tonumber(ttl_ms) > tonumber(have) then later.expire[key] = ttl_ms end
-end
-
-local function later_flush(later)
-  for journal, rids in pairs(later.journal) do
-    redis.call('RPUSH', journal, unpack(rids))
-    if journal ~= GLOBAL_JOURNAL then later_expire(later, journal, KEEP_MS) end
-  end
-  for metrics, kinds in pairs(later.backlog) do
-    for kind, delta in pairs(kinds) do
-      if delta ~= 0 then redis.call('HINCRBY', metrics, 'backlog|' .. kind, delta) end
-    end
-    -- The single Redis's hash has one field per count: it needs no TTL. A cluster's are per target.
-    if metrics ~= GLOBAL_METRICS then later_expire(later, metrics, KEEP_MS) end
-  end
-  for key, ttl_ms in pairs(later.expire) do redis.call('PEXPIRE', key, ttl_ms) end
-end
-
--- A record's status from its actions (README: HTTP API, a record): skipped actions do not count; applied
--- when all others were, partially_applied when some were; else expired when all expired, lost when some
--- were lost, failed otherwise; skipped when every action was skipped. Nothing changes while any action is
--- pending or delivered, nor for a record that is not dispatched. A settled record keeps when it settled
--- (now, in ms: the last ack) and drops its stored command. A record that answers for its alert (it has
--- `verify_ms`) gets its outcome: pending when something was applied, none when every action was skipped,
--- else unknown. A record the reconciler follows stays among the target's due items (open_z), due now, so it
--- looks at it at once.
-local function done_or_follow(rec, open_z, rid, now)
-  -- A record that ended leaves the due items, unless the reconciler follows it: then it is due now.
-  if redis.call('HGET', rec, 'follow') == '1' then
+-- A record that ended leaves the due items, unless the reconciler follows it: then it is due now.
+local function done_or_follow(rec, open_z, rid, now, follow)
+  if follow == '1' then
     redis.call('ZADD', open_z, now, rid)
   else
     redis.call('ZREM', open_z, rid)
   end
 end
 
-local function settle(rec, now, open_z, rid, metrics)
-  local cur = redis.call('HGET', rec, 'status')
-  if cur ~= 'dispatched' then return cur end
-  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
+-- A record's status from its actions (README: the record): skipped actions do not count; applied when all
+-- others were, partially_applied when some were; else expired when all expired, lost when some were lost,
+-- failed otherwise; skipped when every action was skipped. Nothing changes while any action is pending or
+-- delivered, nor for a record that is not dispatched. A settled record keeps when it settled (now, ms) and
+-- drops its signature (unless a sticky change in the job's ledger needs it to be checked again). A record
+-- that answers for its alert (it has `v`) gets its outcome: pending when something was applied, none when
+-- every action was skipped, else unknown.
+local function settle(rec, now, open_z, rid, ctx)
+  local h = redis.call('HMGET', rec, 'status', 'as', 'reason', 'v', 'ls', 'f')
+  if h[1] ~= 'dispatched' then return h[1] end
+  local as = h[2] or ''
+  if string.find(as, '[PD]') then return h[1] end
   local counted, applied, expired, lost = 0, 0, 0, 0
-  for i = 0, n - 1 do
-    local st = redis.call('HGET', rec, 'a:' .. i .. ':status')
-    if st == 'pending' or st == 'delivered' then return cur end
-    if st ~= 'skipped' then
+  for code in string.gmatch(as, '.') do
+    if code ~= 'S' then
       counted = counted + 1
-      if st == 'applied' then applied = applied + 1
-      elseif st == 'expired' then expired = expired + 1
-      elseif st == 'lost' then lost = lost + 1 end
+      if code == 'A' then applied = applied + 1
+      elseif code == 'E' then expired = expired + 1
+      elseif code == 'L' then lost = lost + 1 end
     end
   end
   local status = 'failed'
@@ -120,72 +76,77 @@ local function settle(rec, now, open_z, rid, metrics)
   elseif applied > 0 then status = 'partially_applied'
   elseif expired == counted then status = 'expired'
   elseif lost > 0 then status = 'lost' end
-  redis.call('HSET', rec, 'status', status, 'settled_ms', now)
-  hist_touch(rec, metrics)
-  count_backlog(rec, -1, metrics)
-  redis.call('HDEL', rec, 'cmd', 'sig')
-  -- A process did take it after all: "no live target" is no longer the record's story.
-  if applied > 0 and redis.call('HGET', rec, 'reason') == 'no_live_target' then redis.call('HSET', rec, 'reason', '') end
+  local w = {'status', status, 'settled_ms', now}
   -- A record whose every action was skipped dispatched nothing: like any other skip, it has no outcome.
-  if status ~= 'skipped' and redis.call('HEXISTS', rec, 'verify_ms') == 1 then
-    local o = 'unknown'
-    if applied > 0 then o = 'pending' end
-    redis.call('HSET', rec, 'outcome', cjson.encode({status = o, resolved_at = cjson.null, time_to_resolve_s = cjson.null}))
+  local outcome = nil
+  if status ~= 'skipped' and h[4] then
+    outcome = 'unknown'
+    if applied > 0 then outcome = 'pending' end
+    w[#w + 1] = 'outcome'
+    w[#w + 1] = cjson.encode({status = outcome, resolved_at = cjson.null, time_to_resolve_s = cjson.null})
   end
-  done_or_follow(rec, open_z, rid, now)
+  redis.call('HSET', rec, unpack(w))
+  -- A process did take it after all: "no live target" is no longer the record's story.
+  if applied > 0 and h[3] == 'no_live_target' then redis.call('HDEL', rec, 'reason') end
+  if not h[5] then redis.call('HDEL', rec, 'sig') end
+  journal(ctx, 'c', rid, 'dispatched', status)
+  if outcome then journal(ctx, 'o', rid, '-', outcome) end
+  count_backlog(ctx, -1)
+  done_or_follow(rec, open_z, rid, now, h[6])
   return status
 end
 
 -- End every open action of a record with one status and reason (a message for people in its result).
-local function end_open(rec, status, reason, message, at)
-  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
-  for i = 0, n - 1 do
-    local p = 'a:' .. i .. ':'
-    local st = redis.call('HGET', rec, p .. 'status')
-    if st == 'pending' or st == 'delivered' then
-      redis.call('HSET', rec, p .. 'status', status, p .. 'reason', reason, p .. 'acked_at', at,
-                 p .. 'result', cjson.encode({message = message}))
+local function end_open(rec, code, reason, message, at)
+  local as = redis.call('HGET', rec, 'as') or ''
+  local w = {}
+  for i = 0, #as - 1 do
+    local c = string.sub(as, i + 1, i + 1)
+    if c == 'P' or c == 'D' then
+      as = set_code(as, i, code)
+      w[#w + 1] = 'r:' .. i
+      w[#w + 1] = cjson.encode({reason = reason, result = {message = message}, at = at})
     end
+  end
+  if #w > 0 then
+    w[#w + 1] = 'as'
+    w[#w + 1] = as
+    redis.call('HSET', rec, unpack(w))
   end
 end
 
--- Offer a record's stored, signed command again: its delivered actions become pending, a new mailbox entry
--- (after every cursor) names the record again, and a wake-up says "look now". false if nothing was stored.
-local function reoffer(rec, mailbox, channel, maxlen, rid)
-  local cmd = redis.call('HGET', rec, 'cmd')
-  if not cmd then return false end
-  local n = tonumber(redis.call('HGET', rec, 'n') or '0')
-  for i = 0, n - 1 do
-    local p = 'a:' .. i .. ':'
-    if redis.call('HGET', rec, p .. 'status') == 'delivered' then
-      redis.call('HSET', rec, p .. 'status', 'pending')
-      redis.call('HDEL', rec, p .. 'claimed_by', p .. 'claimed_ms')
-    end
-  end
+-- A record's command goes into its target's mailbox: an entry that names the record by its id's head (the
+-- target's records share the rest), counted among the mailbox's waiting commands (the state's `q`).
+local function deliver(mailbox, state, rid)
+  redis.call('XADD', mailbox, '*', 'r', string.sub(rid, 1, 26))
+  redis.call('HINCRBY', state, 'q', 1)
+end
+
+-- Offer a record's command again: its delivered actions become pending and a new mailbox entry names the
+-- record again. false if it has no command (its signature is gone: it ended, or never had one).
+local function reoffer(rec, mailbox, state, rid)
+  local h = redis.call('HMGET', rec, 'sig', 'as')
+  if not h[1] then return false end
+  local as = string.gsub(h[2] or '', 'D', 'P')
+  redis.call('HSET', rec, 'as', as)
+  redis.call('HDEL', rec, 'c')
   redis.call('HINCRBY', rec, 'offers', 1)
-  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'r', rid)
-  redis.call('PUBLISH', channel, rid)
+  deliver(mailbox, state, rid)
   return true
 end
 
--- Actions decided before anything is sent (the live target cannot apply them): {index: {status, reason,
--- message}}, written with their time. The others stay `pending`.
-local function decide_early(rec, early, at)
+-- Actions decided before anything is sent (the live target cannot apply them, or their condition did not
+-- hold): {index: [status, reason, message]}, written with their time into `as` and their answers. The others
+-- keep their code.
+local function decide_early(as, early, at, w)
   for idx, e in pairs(early or {}) do
-    local p = 'a:' .. idx .. ':'
-    if redis.call('HGET', rec, p .. 'status') == 'pending' then
-      redis.call('HSET', rec, p .. 'status', e[1], p .. 'reason', e[2], p .. 'acked_at', at,
-                 p .. 'result', cjson.encode({message = e[3]}))
+    local i = tonumber(idx)
+    local code = CODE[e[1]]
+    if code and i and i >= 0 and i < #as and string.sub(as, i + 1, i + 1) == 'P' then
+      as = set_code(as, i, code)
+      w[#w + 1] = 'r:' .. i
+      w[#w + 1] = cjson.encode({reason = e[2], result = {message = e[3]}, at = at})
     end
   end
-end
-
--- Store a record's signed command, name the record in the target's mailbox and wake the target (unless there
--- is none to send). A mailbox entry holds only the record's id (`r`): the command is stored once, in the
--- record, where the target reads it (client/receiver/mailbox.py).
-local function send(rec, mailbox, channel, maxlen, rid, command, signature)
-  if command == '' then return end
-  redis.call('HSET', rec, 'cmd', command, 'sig', signature)
-  redis.call('XADD', mailbox, 'MAXLEN', '~', maxlen, '*', 'r', rid)
-  redis.call('PUBLISH', channel, rid)
+  return as
 end

@@ -2,7 +2,18 @@
 // Re-fetch this page and swap in the parts marked data-refresh, keeping open records open
 // (a meta refresh would close them and lose the reader's place).
 (function () {
+  // A link from another site (a chat, a notification) arrives without the SameSite=Strict login cookie, so
+  // this page was made for nobody. Ask this site, which the browser sends the cookie to, whether this browser
+  // is logged in; if so, open the page again from here, as that person.
+  var check = document.body.dataset.sessionCheck;
+  if (check) {
+    fetch(check, {credentials: "same-origin", cache: "no-store"})
+      .then(function (resp) { return resp.ok ? resp.json() : {}; })
+      .then(function (state) { if (state.logged_in) location.replace(document.body.dataset.next || "/"); })
+      .catch(function () {});
+  }
   var box = document.getElementById("autorefresh"), stamp = document.getElementById("updated");
+  if (!box) return;  // the login page: nothing to refresh or decide
   var every = parseInt(document.body.dataset.refreshSeconds || "10", 10) * 1000, busy = false;
   function refresh(force) {
     if (busy || (force !== true && (!box.checked || document.hidden))) return;

@@ -86,7 +86,8 @@ def _as_dict(cls: type) -> Callable[[Any], dict[str, Any]]:
             lines += [f"    v = d[{key}]", f"    if v is not None: d[{key}] = v.as_dict()"] if nullable else [
                 f"    d[{key}] = d[{key}].as_dict()"]
         elif get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0]):
-            lines.append(f"    d[{key}] = [v.as_dict() for v in d[{key}]]")
+            shown = f"[x.as_dict() for x in d[{key}]]"
+            lines.append(f"    if d[{key}] is not None: d[{key}] = {shown}" if nullable else f"    d[{key}] = {shown}")
         if not _always(f):
             lines.append(f"    if d[{key}] is None: del d[{key}]")
     namespace: dict[str, Any] = {}
