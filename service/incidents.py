@@ -24,6 +24,8 @@ MAX_INCIDENTS = 100
 NEW_RECORDS = 1000
 # Records still waiting for their actions: their incident cannot have recovered yet.
 UNSETTLED = (RecordStatus.DISPATCHED, RecordStatus.PENDING_APPROVAL)
+# Records that are no remediation: skipped (cooldown, a repeat of an episode, a guard) or only recorded.
+NOT_REMEDIATIONS = (RecordStatus.SKIPPED, RecordStatus.DRY_RUN)
 
 
 def discover(r: Any, now: float, accounts: Mapping[str, Account]) -> dict[str, Account]:
@@ -58,6 +60,8 @@ def discover(r: Any, now: float, accounts: Mapping[str, Account]) -> dict[str, A
             continue  # not a record trainmedic wrote (the history skips it too)
         if rec.mode in (Mode.RESOLVED, Mode.TIMEOUT):
             continue  # undoing an earlier remediation is not an incident of its own
+        if rec.status in NOT_REMEDIATIONS:
+            continue  # a repeat skipped by a guard, or a dry run: nothing was done to the job
         start = parse_rfc3339(rec.alert.starts_at) or parse_rfc3339(rec.created_at) or now
         high = acc.high_at(start)
         notes.append((t, rid, high))

@@ -181,7 +181,8 @@ def one(r: Any, name: str, now: float) -> JobView | None:
 
 
 def incident_views(r: Any, rids: Sequence[str], noted: Mapping[str, str]) -> list[IncidentView]:
-    """The records of these ids that answered an alert (not on_resolved ones), newest first, at most 100."""
+    """The records of these ids that remediated an alert (not on_resolved, skipped or dry-run ones), newest first,
+    at most 100."""
     pipe = r.pipeline(transaction=False)
     for rid in rids:
         pipe.hgetall(keys.record(rid))
@@ -193,7 +194,7 @@ def incident_views(r: Any, rids: Sequence[str], noted: Mapping[str, str]) -> lis
             rec = StoredRecord.from_hash(rid, h)
         except BadRecord:
             continue  # not a record trainmedic wrote (the history skips it too)
-        if rec.mode in (Mode.RESOLVED, Mode.TIMEOUT):
+        if rec.mode in (Mode.RESOLVED, Mode.TIMEOUT) or rec.status in incidents.NOT_REMEDIATIONS:
             continue
         started = rec.alert.starts_at or None
         acks = [a for a in (a.acked_at for a in rec.actions) if a]

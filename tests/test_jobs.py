@@ -12,7 +12,7 @@ import redis
 from trainmedic.client import RemediationClient
 from trainmedic.client.wire import keys
 
-from tests.conftest import post_json
+from tests.conftest import load_fixture, post_json
 from tests.support.jobs import wait_record, wait_until
 from tests.support.keyspaces import BOTH
 from tests.test_cli import one_line_error, run
@@ -84,6 +84,21 @@ def test_an_unknown_job_is_a_404(r: redis.Redis, http: Any) -> None:
     for name in ("unknown", "..", "a%20b", "x" * 200):
         resp = http.get(f"/jobs/{name}")
         assert resp.status_code == 404 and "no job named" in resp.get_json()["error"]
+
+
+def test_a_repeat_skipped_by_the_cooldown_is_no_incident(r: redis.Redis, app: Any, http: Any) -> None:
+    seed(r, live=["llama-ft-01"], done=[])
+    made = []
+    for n, start in enumerate(("2026-11-22T01:25:24Z", "2026-11-22T01:29:00Z")):
+        payload = load_fixture("firing_single.json")
+        payload["alerts"][0].update(startsAt=start, fingerprint=f"071ff15f8faead0{n}")
+        [rem] = post_json(http, "/webhook", payload).json["remediations"]
+        made.append(rem)
+    assert [m["status"] for m in made] == ["dispatched", "skipped"] and made[1]["reason"] == "cooldown"
+    app.extensions["trainmedic"].reconciler.tick()  # folds both into the job's history
+    assert http.get("/jobs/llama-ft-01").get_json()["remediations"] == 2
+    job = http.get("/jobs/llama-ft-01").get_json()
+    assert [i["id"] for i in job["incidents"]] == [made[0]["id"]]
 
 
 @BOTH
