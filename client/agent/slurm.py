@@ -238,7 +238,7 @@ class SlurmNode:
         for job in jobs:
             job["state"] = states.get(job["job_id"])
         done = sum(1 for j in jobs if j["requeued"])
-        result = {"node": self.node, "jobs": jobs, "requeued": done}
+        result: dict[str, Any] = {"node": self.node, "jobs": jobs, "requeued": done}
         if not done:
             raise ActionFailed(f"Slurm requeued none of the {len(jobs)} job(s) on node {self.node} "
                                f"({jobs[0]['job_id']}: {jobs[0]['reason'].rstrip('.')}).", **result)

@@ -150,3 +150,12 @@ local function decide_early(as, early, at, w)
   end
   return as
 end
+
+-- A firing remediation dispatched to a node (Lemon nodes): counted by playbook, for good (the counter
+-- trainmedic_node_incidents_total), and kept with its time among the node's incidents of the last window_ms.
+local function count_incident(counts, times, pb, rid, now, window_ms)
+  redis.call('HINCRBY', counts, pb, 1)
+  redis.call('ZADD', times, now, rid)
+  redis.call('ZREMRANGEBYSCORE', times, '-inf', now - window_ms)
+  redis.call('PEXPIRE', times, window_ms)
+end
