@@ -4,6 +4,7 @@ No mocks: every test drives Debian's Slurm 22.05 daemons that tests/support/slur
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -514,6 +515,60 @@ def test_a_gpu_error_drains_the_node_through_the_service_and_its_resolve_resumes
     # The node takes the job (at the controller's next scheduling pass at the latest: once a minute).
     assert slurm.wait_job(job, ("COMPLETED",), timeout=90) == "COMPLETED"
     assert slurm.reason() == ""
+
+
+def straggler(job: str) -> dict:
+    """The training client's TrainingStraggler for a slow rank on NODE, as Alertmanager sends it on."""
+    alert = {"status": "firing", "labels": {"alertname": "TrainingStraggler", "job_name": job, "node": NODE,
+                                            "rank": "1", "severity": "warning", "source": "trainmedic"},
+             "annotations": {"summary": f"rank 1 of {job} is slow"}, "startsAt": "2026-11-22T04:00:00Z",
+             "fingerprint": "00000000000051a9"}
+    return {"version": "4", "status": "firing", "alerts": [alert]}
+
+
+def test_an_approved_straggler_checkpoints_the_nodes_job_drains_the_node_and_requeues_the_job(
+        slurm: SlurmCluster, slurm_agent: Any, app: Any, http: Any, r: Any, redis_url: str, tmp_path: Path) -> None:
+    from tests.conftest import post_json
+
+    # A real training loop as a Slurm job on the node: its client names its node from SLURMD_NODENAME.
+    out, stop, ckpts = tmp_path / "job.json", tmp_path / "stop", tmp_path / "ckpts"
+    ckpts.mkdir()
+    worker = Path(__file__).resolve().parent / "e2e" / "ckpt_job.py"
+    script = (f"#!/bin/sh\nunset TRAINMEDIC_NODE\n"
+              f"exec {sys.executable} {worker} slow-llama {redis_url} {out} {stop} {ckpts} train\n")
+    job = slurm.submit(script, "slow-llama", "--cpus-per-task=1")
+    slurm.wait_job(job, ("RUNNING",))
+
+    def on_node() -> bool:
+        return any(t["kind"] == "job" and t["name"] == "slow-llama" and t.get("node") == NODE
+                   for t in http.get("/targets").get_json()["targets"])
+
+    deadline = time.monotonic() + 60
+    while not on_node():
+        assert time.monotonic() < deadline and slurm.job_state(job) == "RUNNING", slurm.job_output(job)
+        time.sleep(0.2)
+
+    [held] = post_json(http, "/webhook", straggler("slow-llama")).get_json()["remediations"]
+    assert (held["playbook"], held["status"]) == ("straggler", "pending_approval")
+    assert held["id"].endswith(f"~node~{NODE}")
+    time.sleep(1.0)
+    assert slurm.node_state() in ("MIXED", "ALLOCATED") and slurm.job_state(job) == "RUNNING"  # nothing yet
+    assert post_json(http, f"/remediations/{held['id']}/approve", {"comment": "rank 1 is slow"}).status_code == 200
+    rec = wait_ticking(app, r, held["id"])
+
+    assert rec["status"] == "applied", rec
+    ckpt, drain, requeue = rec["actions"]
+    assert [a["action"] for a in (ckpt, drain, requeue)] == ["checkpoint_jobs", "drain_node", "requeue_jobs"]
+    assert [(j["job"], j["status"]) for j in ckpt["result"]["jobs"]] == [("slow-llama", "applied")]
+    saves = json.loads(out.read_text())["saves"]
+    assert len(saves) == 1 and Path(saves[0]["path"]).is_file()  # saved before the job was requeued
+    assert drain["status"] == "applied" and "DRAIN" in drain["result"]["after"]["flags"]
+    assert f"trainmedic {held['id']}: straggler|{NODE}" in slurm.run("sinfo", "-R", "-h", "-o", "%E|%N").stdout
+    assert requeue["status"] == "applied"
+    assert requeue["result"]["jobs"] == [{"job_id": str(job), "requeued": True, "state": "PENDING"}]
+    time.sleep(2.0)
+    assert slurm.job_state(job) == "PENDING" and "DRAIN" in slurm.node_state()  # it waits for another node
+    stop.write_text("")
 
 
 def test_a_node_someone_drained_by_hand_stays_drained(slurm: SlurmCluster, slurm_agent: Any, app: Any, http: Any,
