@@ -5,7 +5,7 @@ announces itself on its own channel at its first heartbeat and now and then afte
 alone writes what every target shares: the targets it knows (keys.TARGETS, from those announcements: a
 target can announce only itself) and the live targets of each kind (keys.live, from the heartbeats of the
 targets it knows, as it reads them). The breaker's percent, /metrics and the hang checks count those, so no
-target's password can make others look live.
+target's password can make others look live. A live node is also noted among the nodes seen (service/lemons.py).
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from ..client.wire import keys
 from ..client.wire.protocol import LIVE_WINDOW
+
+from . import lemons
 
 log = logging.getLogger("trainmedic.beats")
 
@@ -45,6 +47,7 @@ def announce(r: Any, targets: Iterable[keys.Target], now: float | None = None) -
         for t, ttl in live:
             pipe.zadd(keys.live(t.kind), {t.label: int(now * 1000) + min(int(ttl), int(LIVE_WINDOW * 1000))})
         pipe.zadd(keys.DUE, {t.label: int(now * 1000) for t, _ in live}, lt=True)
+        lemons.seen(pipe, [t.name for t, _ in live if t.kind == "node"], now)
         pipe.execute()
 
 
@@ -82,6 +85,7 @@ def refresh(r: Any, now: float | None = None) -> int:
         pipe = r.pipeline(transaction=False)
         if seen:
             pipe.zadd(keys.TARGETS, seen, xx=True)
+            lemons.seen(pipe, [label[len("node:"):] for label in seen if label.startswith("node:")], now)
         for kind, scores in until.items():
             if scores:
                 pipe.zadd(keys.live(kind), scores)

@@ -43,7 +43,7 @@ SHARED: dict[str, str] = {
     keys.HIST_FACETS: "hash", keys.TARGETS: "zset", keys.APPROVALS: "zset", keys.HUNG: "zset",
     **{keys.live(kind): "zset" for kind in keys.TARGET_KINDS},
     keys.METRICS: "hash", keys.REJECTED: "hash", keys.OUTCOME_COUNTS: "hash", keys.RESOLVE_HISTOGRAM: "hash",
-    keys.UNMATCHED: "hash", keys.MARK: "hash",
+    keys.UNMATCHED: "hash", keys.MARK: "hash", keys.NODES_SEEN: "zset",
     keys.HIST_SEQ: "string", keys.EPOCH: "string", keys.MARK_SEEN: "string", keys.RESETS: "string",
     keys.TAMPERED: "string", keys.RESYNCED: "string", keys.REPAIRS: "string",
 }
@@ -57,7 +57,8 @@ def target_keys(t: keys.Target) -> dict[str, str]:
     return {keys.target_state(t): "hash", keys.mailbox(t): "stream", keys.due_items(t): "zset",
             keys.heartbeat(t): "string", keys.cursor(t): "string", keys.journal(t): "list",
             keys.target_metrics(t): "hash", keys.ledger(t): "list", keys.detections(t): "stream",
-            keys.signals(t): "string", keys.target_history(t): "zset"}
+            keys.signals(t): "string", keys.target_history(t): "zset", keys.node_incidents(t): "hash",
+            keys.node_incident_times(t): "zset"}
 
 
 def _whole(text: Any) -> bool:
@@ -131,5 +132,17 @@ def targets_in(exc: BaseException) -> list[keys.Target]:
 
 
 def check_targets(r: Any, targets: Any) -> int:
-    """Repair the own keys of these targets (check's rules); how many."""
-    return sum(check(r, target_keys(t)) for t in dict.fromkeys(targets) if t.name)
+    """Repair the own keys of these targets (check's rules, and a node's incident counts that are not whole
+    numbers deleted); how many."""
+    fixed = 0
+    for t in dict.fromkeys(targets):
+        if not t.name:
+            continue
+        fixed += check(r, target_keys(t))
+        counts = keys.node_incidents(t)
+        bad = [f for f, v in r.hgetall(counts).items() if not _whole(v)]
+        if bad:
+            r.hdel(counts, *bad)
+            note(r, f"{counts} held fields that were not counts: deleted", len(bad))
+            fixed += len(bad)
+    return fixed

@@ -35,12 +35,16 @@ from tests.support.jobs import entry_command
 CONFIG = ROOT / "config"
 RULE_FILES = sorted(glob.glob(str(CONFIG / "rules" / "*.yml")))
 RULES_TEST = ROOT / "tests" / "rules_test.yml"
+# NodeLemon's 7-day window is tested apart, at an evaluation interval of an hour.
+LEMON_TEST = ROOT / "tests" / "rules_lemon_test.yml"
+RULES_TESTS = (RULES_TEST, LEMON_TEST)
 PROMISED_SERVICES = {"redis", "trainmedic", "agent", "prometheus", "alertmanager", "trainer"}
 TOKEN_FILE = "config/trainmedic.token"  # made by the user (README); never committed
 PLAYBOOK_ALERTS = {"GPUTemperatureHigh", "GPUMemoryUsageHigh", "GPUXidError", "TrainingLossSpike",
-                   "TrainingThroughputDrop", "DiskSpaceLow"}
-# Alerts trainmedic raises itself, with no Prometheus rule: the client's NaN detector and the service's hang check.
-RAISED_BY_TRAINMEDIC = {"TrainingLossNaN", "TrainingHang"}
+                   "TrainingThroughputDrop", "DiskSpaceLow", "NodeLemon"}
+# Alerts trainmedic raises itself, with no Prometheus rule: the client's NaN and straggler detectors and the
+# service's hang check.
+RAISED_BY_TRAINMEDIC = {"TrainingLossNaN", "TrainingHang", "TrainingStraggler"}
 
 
 def run(argv: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -106,14 +110,19 @@ def test_promtool_accepts_every_rule_file() -> None:
 
 
 def test_each_rule_fires_with_exactly_the_labels_and_annotations_of_its_unit_test() -> None:
-    out = run(["promtool", "test", "rules", str(RULES_TEST)])
+    out = run(["promtool", "test", "rules", *map(str, RULES_TESTS)])
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS" in out.stdout
+    assert out.stdout.count("SUCCESS") == len(RULES_TESTS)
+    # Together the unit tests load every rule file.
+    loaded = {(path.parent / f).resolve() for path in RULES_TESTS
+              for f in yaml.safe_load(path.read_text())["rule_files"]}
+    assert loaded == {Path(f).resolve() for f in RULE_FILES}
 
 
-def test_the_rule_unit_tests_can_fail() -> None:
+@pytest.mark.parametrize("tests", RULES_TESTS, ids=lambda p: p.name)
+def test_the_rule_unit_tests_can_fail(tests: Path) -> None:
     # The same tests with one expected label changed must fail, so the passing run above means something.
-    text = RULES_TEST.read_text().replace("node: gpu-node-01", "node: gpu-node-99", 1)
+    text = tests.read_text().replace("node: gpu-node-01", "node: gpu-node-99", 1)
     broken = ROOT / "tests" / f".rules_test_broken_{free_port()}.yml"
     broken.write_text(text)
     try:
@@ -148,9 +157,8 @@ def test_alertmanager_keeps_other_alerts_away_from_trainmedic() -> None:
 # -- the alerts carry what the playbooks need
 def _expected_alerts() -> list[dict]:
     """Every alert the promtool unit tests prove the rules fire, as Alertmanager would send it."""
-    doc = yaml.safe_load(RULES_TEST.read_text())
     out = []
-    for test in doc["tests"]:
+    for test in (t for path in RULES_TESTS for t in yaml.safe_load(path.read_text())["tests"]):
         for case in test.get("alert_rule_test", []):
             for exp in case.get("exp_alerts") or []:
                 labels = {"alertname": case["alertname"], **{k: str(v) for k, v in exp["exp_labels"].items()}}
@@ -188,10 +196,12 @@ def test_every_alert_the_rules_fire_resolves_to_a_target_and_is_dispatched(http:
         name = record["alert"]["labels"]["alertname"]
         if name == "GPUXidError":  # a drain waits for a person; the node's other XID class cools down behind it
             xid.append((record["status"], record["reason"]))
+        elif name == "NodeLemon":  # so does a lemon's
+            assert (record["playbook"], record["status"]) == ("lemon-node", "pending_approval"), record
         else:
             # Nothing runs the targets here: the record says so, and the commands wait for them.
             assert (record["status"], record["reason"]) == ("dispatched", "no_live_target"), record
-        kind = "node" if name in ("GPUTemperatureHigh", "DiskSpaceLow", "GPUXidError") else "job"
+        kind = "node" if name in ("GPUTemperatureHigh", "DiskSpaceLow", "GPUXidError", "NodeLemon") else "job"
         assert record["target"]["kind"] == kind
         assert record["target"]["name"] in ("gpu-node-01", "llama-ft-01", "llama-eval-01", "gpt-sft-03")
     assert sorted(xid) == [("pending_approval", None), ("skipped", "cooldown")], xid

@@ -82,7 +82,7 @@ def test_a_manual_trigger_offers_the_loaded_playbooks(http: Any) -> None:
     doc = http.get("/openapi.json").get_json()
     offered = doc["components"]["schemas"]["ManualTrigger"]["properties"]["playbook"]["enum"]
     shipped = re.findall(r"^  - name: (\S+)", (ROOT / "playbooks" / "default.yaml").read_text(), re.M)
-    assert offered == shipped and len(shipped) == 8
+    assert offered == shipped and len(shipped) == 10
 
 
 def test_a_405_names_the_methods_that_are_allowed(http: Any) -> None:

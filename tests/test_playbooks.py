@@ -14,9 +14,20 @@ def test_the_shipped_playbooks_answer_the_contract_alerts_and_the_xid_error() ->
     pbs = {p.name: p for p in load([ROOT / "playbooks"])}
     by_alert = {m.value: p for p in pbs.values() for m in p.matchers if m.name == "alertname"}
     assert set(by_alert) == {"GPUTemperatureHigh", "GPUMemoryUsageHigh", "TrainingLossSpike", "DiskSpaceLow",
-                             "TrainingThroughputDrop", "GPUXidError", "TrainingLossNaN", "TrainingHang"}
+                             "TrainingThroughputDrop", "GPUXidError", "TrainingLossNaN", "TrainingHang",
+                             "TrainingStraggler", "NodeLemon"}
     assert by_alert["GPUXidError"].approval and [s.action for s in by_alert["GPUXidError"].actions] == [
         "checkpoint_jobs", "drain_node"]
+    # A straggler's node saves its jobs' checkpoints, then leaves Slurm's service and its jobs start elsewhere;
+    # a lemon node is drained. Both wait for a person and nothing resumes them.
+    straggler, lemon = by_alert["TrainingStraggler"], by_alert["NodeLemon"]
+    assert (straggler.name, straggler.target, straggler.approval) == ("straggler", "node", True)
+    assert [(s.action, s.params, s.optional) for s in straggler.actions] == [
+        ("checkpoint_jobs", {"timeout": "5m"}, False), ("drain_node", {"reason": "straggler"}, True),
+        ("requeue_jobs", {}, True)]
+    assert straggler.max_active and not straggler.on_resolved
+    assert (lemon.name, lemon.target, lemon.approval, lemon.on_resolved) == ("lemon-node", "node", True, ())
+    assert [(s.action, s.params, s.optional) for s in lemon.actions] == [("drain_node", {"reason": "lemon"}, True)]
     # A NaN is answered as a spike is; a hung loop cannot apply anything: recorded, and notified when configured.
     assert [(s.action, s.params, s.optional) for s in by_alert["TrainingLossNaN"].actions] == [
         ("rollback_checkpoint", {}, True), ("scale_lr", {"factor": 0.5, "min_lr": 1e-7}, False)]

@@ -119,7 +119,7 @@ def test_a_replay_in_parts_decides_as_one_in_a_single_process(prometheus: Histor
     shipped = load([ROOT / "playbooks"])
     parts = shards(found, shipped, 3)
     # The bounded playbooks (max_active) keep every episode of theirs; the others are split by target.
-    assert {pb.name for pb in parts[0].playbooks} == {"gpu-temperature-high", "gpu-xid-error"}
+    assert {pb.name for pb in parts[0].playbooks} == {"gpu-temperature-high", "gpu-xid-error", "straggler"}
     assert len(parts) >= 2 and sorted(i for x in parts[1:] for i in x.episodes) == [
         i for i, ep in enumerate(found) if ep.alertname == "TrainingLossSpike"]
     one = replay(found, shipped, window, prometheus.url, workers=1)

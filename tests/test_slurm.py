@@ -4,6 +4,7 @@ No mocks: every test drives Debian's Slurm 22.05 daemons that tests/support/slur
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -238,6 +239,83 @@ def test_an_empty_reason_still_names_the_record(slurm: SlurmCluster, node: Slurm
     assert slurm.node_state() in ("IDLE", "IDLE+NOT_RESPONDING")
 
 
+# -- requeue the node's jobs
+
+
+def start_now(slurm: SlurmCluster, job: int) -> None:
+    """Slurm holds a requeued job back about two minutes (its BeginTime); a person's resume does not wait."""
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+
+
+def test_requeue_sends_running_jobs_back_to_pending_while_drained_and_they_run_again_once_resumed(
+        slurm: SlurmCluster, node: SlurmNode) -> None:
+    # Each run prints Slurm's restart count: 0 the first time, 1 once requeued.
+    job = slurm.submit('echo "run $SLURM_RESTART_COUNT"\nsleep 4\necho done\n', "requeued",
+                       f"--cpus-per-task={slurm.cpus}")
+    slurm.wait_job(job, ("RUNNING",))
+    memory = DictMemory()
+    node.drain(rid(20), "straggler", memory)
+
+    result = node.requeue()
+
+    assert result["node"] == NODE and result["requeued"] == 1
+    assert result["jobs"] == [{"job_id": str(job), "requeued": True, "state": "PENDING"}]
+    time.sleep(2.0)
+    assert slurm.job_state(job) == "PENDING"  # not on the drained node
+    node.resume(memory)
+    start_now(slurm, job)
+    assert slurm.wait_job(job, ("COMPLETED",), timeout=60) == "COMPLETED"
+    assert "run 1\ndone\n" in slurm.job_output(job)
+
+
+def test_a_job_slurm_will_not_requeue_is_listed_with_its_reason_and_the_others_go_on(
+        slurm: SlurmCluster, node: SlurmNode) -> None:
+    kept = slurm.submit("sleep 30\n", "no-requeue", "--no-requeue", "--cpus-per-task=1")
+    moved = slurm.submit("sleep 30\n", "requeue-me", "--cpus-per-task=1")
+    slurm.wait_job(kept, ("RUNNING",))
+    slurm.wait_job(moved, ("RUNNING",))
+
+    result = node.requeue()
+
+    by_id = {j["job_id"]: j for j in result["jobs"]}
+    assert set(by_id) == {str(kept), str(moved)} and result["requeued"] == 1
+    assert by_id[str(moved)] == {"job_id": str(moved), "requeued": True, "state": "PENDING"}
+    assert by_id[str(kept)]["requeued"] is False and by_id[str(kept)]["state"] == "RUNNING"
+    assert by_id[str(kept)]["reason"] == f"Requested operation is presently disabled for job {kept}"
+
+
+def test_requeue_fails_when_slurm_requeues_none(slurm: SlurmCluster, node: SlurmNode) -> None:
+    job = slurm.submit("sleep 30\n", "no-requeue", "--no-requeue")
+    slurm.wait_job(job, ("RUNNING",))
+
+    with pytest.raises(ActionFailed) as exc:
+        node.requeue()
+
+    assert exc.value.message == (f"Slurm requeued none of the 1 job(s) on node {NODE} ({job}: Requested operation "
+                                 f"is presently disabled for job {job}).")
+    assert exc.value.result["jobs"] == [{"job_id": str(job), "requeued": False, "state": "RUNNING",
+                                         "reason": f"Requested operation is presently disabled for job {job}"}]
+    assert slurm.job_state(job) == "RUNNING"
+
+
+def test_requeue_of_a_node_without_jobs_is_skipped(slurm: SlurmCluster, node: SlurmNode) -> None:
+    pending = slurm.submit("sleep 1\n", "pending", "--begin=now+1hour")  # not on the node: left alone
+    with pytest.raises(ActionSkipped) as exc:
+        node.requeue()
+    assert exc.value.reason == "no_jobs" and exc.value.result["jobs"] == []
+    assert slurm.job_state(pending) == "PENDING"
+
+
+def test_requeue_in_a_dry_run_changes_nothing(slurm: SlurmCluster, node: SlurmNode) -> None:
+    job = slurm.submit("sleep 30\n", "stays")
+    slurm.wait_job(job, ("RUNNING",))
+    with pytest.raises(ActionSkipped) as exc:
+        node.requeue(dry_run=True)
+    assert exc.value.reason == "dry_run" and exc.value.result["jobs"] == [{"job_id": str(job), "requeued": False}]
+    time.sleep(1.0)
+    assert slurm.job_state(job) == "RUNNING"
+
+
 # -- failures: one sentence each
 
 
@@ -278,6 +356,13 @@ def test_a_failing_sinfo_gives_its_exit_status_and_first_stderr_line(slurm: Slur
     assert exc.value.result["returncode"] == 1
     assert exc.value.result["stderr"] == ("sinfo: error: _parse_next_key: Parsing error at unrecognized key: "
                                           "NoSuchSetting")
+
+
+def test_requeue_on_a_node_slurm_does_not_know_fails_in_one_sentence(slurm: SlurmCluster) -> None:
+    with pytest.raises(ActionFailed) as exc:
+        SlurmNode("tmnode9", env=slurm.env).requeue()
+    assert _one_sentence(exc.value) == ("Could not list the node's jobs: squeue -h exited with status 1: "
+                                        "squeue: error: Invalid node name tmnode9.")
 
 
 def test_a_controller_that_cannot_be_reached_fails_in_one_sentence(slurm: SlurmCluster, tmp_path) -> None:
@@ -378,7 +463,7 @@ def slurm_agent(slurm: SlurmCluster, redis_url: str, r: Any, tmp_path: Path) -> 
     agent = AgentProcess(NODE, redis_url, tmp_path / "agent.log", env={"SLURM_CONF": str(slurm.conf)},
                          args=["--scheduler", "slurm", "--slurm-node", NODE])
     info = agent.wait_ready(r)
-    assert {"drain_node", "resume_node"} <= set(info["actions"]) and info["scheduler"] == "slurm"
+    assert {"drain_node", "resume_node", "requeue_jobs"} <= set(info["actions"]) and info["scheduler"] == "slurm"
     yield agent
     agent.stop()
 
@@ -430,6 +515,60 @@ def test_a_gpu_error_drains_the_node_through_the_service_and_its_resolve_resumes
     # The node takes the job (at the controller's next scheduling pass at the latest: once a minute).
     assert slurm.wait_job(job, ("COMPLETED",), timeout=90) == "COMPLETED"
     assert slurm.reason() == ""
+
+
+def straggler(job: str) -> dict:
+    """The training client's TrainingStraggler for a slow rank on NODE, as Alertmanager sends it on."""
+    alert = {"status": "firing", "labels": {"alertname": "TrainingStraggler", "job_name": job, "node": NODE,
+                                            "rank": "1", "severity": "warning", "source": "trainmedic"},
+             "annotations": {"summary": f"rank 1 of {job} is slow"}, "startsAt": "2026-11-22T04:00:00Z",
+             "fingerprint": "00000000000051a9"}
+    return {"version": "4", "status": "firing", "alerts": [alert]}
+
+
+def test_an_approved_straggler_checkpoints_the_nodes_job_drains_the_node_and_requeues_the_job(
+        slurm: SlurmCluster, slurm_agent: Any, app: Any, http: Any, r: Any, redis_url: str, tmp_path: Path) -> None:
+    from tests.conftest import post_json
+
+    # A real training loop as a Slurm job on the node: its client names its node from SLURMD_NODENAME.
+    out, stop, ckpts = tmp_path / "job.json", tmp_path / "stop", tmp_path / "ckpts"
+    ckpts.mkdir()
+    worker = Path(__file__).resolve().parent / "e2e" / "ckpt_job.py"
+    script = (f"#!/bin/sh\nunset TRAINMEDIC_NODE\n"
+              f"exec {sys.executable} {worker} slow-llama {redis_url} {out} {stop} {ckpts} train\n")
+    job = slurm.submit(script, "slow-llama", "--cpus-per-task=1")
+    slurm.wait_job(job, ("RUNNING",))
+
+    def on_node() -> bool:
+        return any(t["kind"] == "job" and t["name"] == "slow-llama" and t.get("node") == NODE
+                   for t in http.get("/targets").get_json()["targets"])
+
+    deadline = time.monotonic() + 60
+    while not on_node():
+        assert time.monotonic() < deadline and slurm.job_state(job) == "RUNNING", slurm.job_output(job)
+        time.sleep(0.2)
+
+    [held] = post_json(http, "/webhook", straggler("slow-llama")).get_json()["remediations"]
+    assert (held["playbook"], held["status"]) == ("straggler", "pending_approval")
+    assert held["id"].endswith(f"~node~{NODE}")
+    time.sleep(1.0)
+    assert slurm.node_state() in ("MIXED", "ALLOCATED") and slurm.job_state(job) == "RUNNING"  # nothing yet
+    assert post_json(http, f"/remediations/{held['id']}/approve", {"comment": "rank 1 is slow"}).status_code == 200
+    rec = wait_ticking(app, r, held["id"])
+
+    assert rec["status"] == "applied", rec
+    ckpt, drain, requeue = rec["actions"]
+    assert [a["action"] for a in (ckpt, drain, requeue)] == ["checkpoint_jobs", "drain_node", "requeue_jobs"]
+    assert [(j["job"], j["status"]) for j in ckpt["result"]["jobs"]] == [("slow-llama", "applied")]
+    saves = json.loads(out.read_text())["saves"]
+    assert len(saves) == 1 and Path(saves[0]["path"]).is_file()  # saved before the job was requeued
+    assert drain["status"] == "applied" and "DRAIN" in drain["result"]["after"]["flags"]
+    assert f"trainmedic {held['id']}: straggler|{NODE}" in slurm.run("sinfo", "-R", "-h", "-o", "%E|%N").stdout
+    assert requeue["status"] == "applied"
+    assert requeue["result"]["jobs"] == [{"job_id": str(job), "requeued": True, "state": "PENDING"}]
+    time.sleep(2.0)
+    assert slurm.job_state(job) == "PENDING" and "DRAIN" in slurm.node_state()  # it waits for another node
+    stop.write_text("")
 
 
 def test_a_node_someone_drained_by_hand_stays_drained(slurm: SlurmCluster, slurm_agent: Any, app: Any, http: Any,
@@ -485,7 +624,7 @@ def test_an_agent_with_scontrol_but_no_controller_has_no_scheduler_and_says_why(
     agent = AgentProcess(NODE, redis_url, tmp_path / "agent.log", env={"SLURM_CONF": str(conf)})
     try:
         info = agent.wait_ready(r)
-        assert info["scheduler"] == "none" and not {"drain_node", "resume_node"} & set(info["actions"])
+        assert info["scheduler"] == "none" and not {"drain_node", "resume_node", "requeue_jobs"} & set(info["actions"])
         reason = info["scheduler_reason"]
         assert reason.startswith("scontrol ping: Slurmctld(primary) at ") and reason.endswith(" is DOWN"), reason
         [listed] = [t for t in http.get("/targets").get_json()["targets"] if t["name"] == NODE]
@@ -515,7 +654,7 @@ def test_an_agent_whose_slurm_controller_answers_drains_through_it_unasked(
     try:
         info = agent.wait_ready(r)
         assert info["scheduler"] == "slurm" and "scheduler_reason" not in info
-        assert {"drain_node", "resume_node"} <= set(info["actions"])
+        assert {"drain_node", "resume_node", "requeue_jobs"} <= set(info["actions"])
     finally:
         agent.stop()
 

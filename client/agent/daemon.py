@@ -61,6 +61,7 @@ class Agent:
             self.applier.register("drain_node", lambda inv: self.slurm.drain(
                 inv.command.record_id, inv.typed.reason, drains, self.dry_run))
             self.applier.register("resume_node", lambda inv: self.slurm.resume(drains, self.dry_run))
+            self.applier.register("requeue_jobs", lambda inv: self.slurm.requeue(self.dry_run))
         self.inbox = Inbox(url, self.target, self._info, self.identity, verifier,
                            heartbeat_interval=heartbeat_interval, name=f"trainmedic-agent-{node}",
                            on_ready=self._wake.set)
@@ -75,7 +76,7 @@ class Agent:
         info = {"kind": "node", "name": self.node, "host": socket.gethostname(), "pid": os.getpid(),
                 "gpus": self.gpus, "allow_roots": [r.path for r in self.roots], "dry_run": self.dry_run,
                 "actions": self.applier.actions(), "signed": self.signed, "scheduler": self.scheduler.name}
-        if self.scheduler.reason:  # why drain_node and resume_node are not among its actions
+        if self.scheduler.reason:  # why the Slurm actions are not among its actions
             info["scheduler_reason"] = self.scheduler.reason
         if self.nvml_problem:
             info["nvml"] = self.nvml_problem

@@ -2,9 +2,9 @@
 
 scontrol being installed says nothing about a controller: a login image or a laptop may carry the tools of a
 cluster they are not part of. Without `--scheduler`, the agent asks `scontrol ping` once, at start (an argv
-with a timeout, never a shell); only a controller that answers UP makes it use Slurm. Otherwise drain_node and
-resume_node stay unregistered, so the service decides them `unsupported` (optional steps `skipped`), and the
-heartbeat says why there is no scheduler (GET /targets shows it).
+with a timeout, never a shell); only a controller that answers UP makes it use Slurm. Otherwise drain_node,
+resume_node and requeue_jobs stay unregistered, so the service decides them `unsupported` (optional steps
+`skipped`), and the heartbeat says why there is no scheduler (GET /targets shows it).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Drain and resume this node in Slurm with scontrol; read its state from `sinfo --json` (Slurm 22.05's JSON).
+"""Drain and resume this node in Slurm with scontrol, requeue the jobs running on it; read its state from
+`sinfo --json` (Slurm 22.05's JSON).
 
 Only a drain trainmedic made is ever undone: `memory` (the agent's state file) remembers which record drained
 the node, and the node's Slurm reason must still be the one trainmedic wrote. Every scontrol/sinfo call is an
@@ -7,7 +8,9 @@ argv list with a timeout, never a shell; every failure becomes ActionFailed with
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import time
 import unicodedata
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -21,6 +24,10 @@ TIMEOUT_S = 15.0  # per scontrol/sinfo call; slurmctld answers in milliseconds w
 HELD_FLAGS = frozenset({"DRAIN", "FAIL"})
 HELD_STATES = frozenset({"DOWN"})
 BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
+# A job id as squeue prints it: a plain job, an array task (123_4) or a heterogeneous job's part (123+0).
+JOB_ID_RE = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,12}|\+[0-9]{1,6})?\Z")
+# How long a requeue's result waits for its jobs to leave RUNNING/COMPLETING (Slurm ends them in about a second).
+SETTLE_S = 5.0
 
 
 class DrainMemory(Protocol):
@@ -90,7 +97,7 @@ def is_held(state: Mapping[str, Any]) -> bool:
 class SlurmNode:
     """One Slurm node, as the agent on it sees it through scontrol and sinfo."""
 
-    def __init__(self, node_name: str, scontrol: str = "scontrol", sinfo: str = "sinfo",
+    def __init__(self, node_name: str, scontrol: str = "scontrol", sinfo: str = "sinfo", squeue: str = "squeue",
                  env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S):
         if not isinstance(node_name, str) or not TARGET_NAME_RE.match(node_name):
             raise ValueError(f"{node_name!r} is not a valid Slurm node name for trainmedic "
@@ -98,6 +105,7 @@ class SlurmNode:
         self.node = node_name
         self.scontrol = scontrol
         self.sinfo = sinfo
+        self.squeue = squeue
         self.env = dict(env) if env is not None else None
         self.timeout = timeout
 
@@ -191,6 +199,71 @@ class SlurmNode:
         self._run(argv, "resume the node")
         memory.forget(self.node)
         return {"node": self.node, "record_id": record_id, "before": before, "after": self._after()}
+
+    def running_jobs(self) -> list[str]:
+        """The ids of the jobs running on this node (`squeue -h -w <node> -t RUNNING -o %i`), in Slurm's order."""
+        argv = [self.squeue, "-h", "-w", self.node, "-t", "RUNNING", "-o", "%i"]
+        out = self._run(argv, "list the node's jobs").stdout
+        ids = [line.strip() for line in out.splitlines() if line.strip()]
+        bad = [i for i in ids if not JOB_ID_RE.match(i)]
+        if bad:
+            raise ActionFailed(f"Could not list the node's jobs: {_tool(argv)} printed {clean_text(bad[0], 40)!r}, "
+                               "which is not a Slurm job id.", returncode=0, stderr="")
+        return list(dict.fromkeys(ids))
+
+    def requeue(self, dry_run: bool = False) -> dict[str, Any]:
+        """`scontrol requeue <id>` for every job running on this node, so each starts again elsewhere.
+
+        Each job's answer: whether it was requeued, Slurm's reason when it refused (a job submitted with
+        --no-requeue), and its state after. Applied when one job or more was requeued; ActionSkipped no_jobs when
+        none ran here; ActionFailed when none could be requeued.
+        """
+        ids = self.running_jobs()
+        if not ids:
+            raise ActionSkipped("no_jobs", f"No job runs on node {self.node}, so there is nothing to requeue.",
+                                node=self.node, jobs=[])
+        if dry_run:
+            raise ActionSkipped("dry_run", f"Dry run: {len(ids)} job(s) on node {self.node} would be requeued; "
+                                "nothing was changed.", node=self.node,
+                                jobs=[{"job_id": i, "requeued": False} for i in ids])
+        jobs: list[dict[str, Any]] = []
+        for job_id in ids:
+            try:
+                self._run([self.scontrol, "requeue", job_id], f"requeue job {job_id}")
+                jobs.append({"job_id": job_id, "requeued": True})
+            except ActionFailed as exc:  # this job only (not requeueable, or it ended meanwhile): the others go on
+                jobs.append({"job_id": job_id, "requeued": False,
+                             "reason": exc.result.get("stderr") or exc.message})
+        states = self._job_states(ids, settle=any(j["requeued"] for j in jobs))
+        for job in jobs:
+            job["state"] = states.get(job["job_id"])
+        done = sum(1 for j in jobs if j["requeued"])
+        result: dict[str, Any] = {"node": self.node, "jobs": jobs, "requeued": done}
+        if not done:
+            raise ActionFailed(f"Slurm requeued none of the {len(jobs)} job(s) on node {self.node} "
+                               f"({jobs[0]['job_id']}: {jobs[0]['reason'].rstrip('.')}).", **result)
+        return result
+
+    def _job_states(self, ids: list[str], settle: bool) -> dict[str, str | None]:
+        """Each job's state (PENDING, RUNNING, ...; None when Slurm no longer lists it), once requeued jobs have
+        left RUNNING and COMPLETING (up to SETTLE_S); the jobs are requeued already, so a failed read is no
+        failure."""
+        argv = [self.squeue, "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i %T"]
+        deadline = time.monotonic() + (SETTLE_S if settle else 0.0)
+        states: dict[str, str | None] = {}
+        while True:
+            try:
+                out = self._run(argv, "read the jobs' states").stdout
+            except ActionFailed:
+                return states
+            states = {i: None for i in ids}
+            for line in out.splitlines():
+                job_id, _, state = line.strip().partition(" ")
+                if job_id in states:
+                    states[job_id] = clean_text(state, 40) or None
+            if time.monotonic() >= deadline or not any(s in ("RUNNING", "COMPLETING") for s in states.values()):
+                return states
+            time.sleep(0.2)
 
     # -- plumbing
     def _after(self) -> dict[str, Any] | None:

@@ -306,6 +306,7 @@ CATALOGUE: dict[str, ActionSpec] = {s.name: s for s in (
           patterns=_patterns, protect=_patterns, max_bytes=_number(1, integer=True)),
     _spec("drain_node", "node", DrainNode, reason=_reason),
     _spec("resume_node", "node", NoParams, undoes=True),
+    _spec("requeue_jobs", "node", NoParams),
     _spec("checkpoint_jobs", "node", CheckpointJobs, by_service=True, timeout=Timeout()),
 )}
 # Actions the service carries out itself: a record that has one is sent by the reconciler, step by step.

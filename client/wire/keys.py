@@ -300,6 +300,25 @@ def goodput_incidents(t: Target) -> str:
     return f"{PREFIX}goodput:incidents:{t.tag}"
 
 
+# Lemon nodes (service/lemons.py): the firing remediations dispatched to each node, kept by the scripts
+# that dispatch them (lua/decide.lua, lua/approve.lua) in the node's hash slot, outside `trainmedic:{node:NAME}:*`
+# (which the node's own Redis user may write).
+def node_incidents(t: Target) -> str:
+    """Hash: playbook -> how many firing remediations of it were dispatched to the node, ever
+    (trainmedic_node_incidents_total)."""
+    return f"{PREFIX}incidents:{t.tag}"
+
+
+def node_incident_times(t: Target) -> str:
+    """Sorted set: the node's incidents of the last 7 days, record id -> when dispatched (ms) (GET /targets)."""
+    return f"{PREFIX}incidents:{t.tag}:times"
+
+
+# Sorted set: the nodes the service has seen (an agent's heartbeat, an incident), name -> when last seen (s):
+# each has trainmedic_node_incidents_total series, at 0 until its first incident.
+NODES_SEEN = PREFIX + "incidents:nodes"
+
+
 # Sorted set, every score 0: "l:NAME" for live jobs and "n:NAME" for the others, so that names in order list
 # live jobs first, then the rest, both by name (GET /jobs pages through it).
 GOODPUT_JOBS = PREFIX + "goodput:jobs"

@@ -17,6 +17,7 @@ from ...client.wire.protocol import command_message, parse_rfc3339
 from ...client.wire.signing import Signer
 from ...client.wire.status import ActionReason, ActionStatus, Mode, Reason, RecordStatus
 
+from .. import lemons
 from ..store import decision, record
 from ..store.decision import Early, NewRecord, Step, send_arg
 from ..store.scripts import Decided, Keyspace, approve_call, decide_many_calls
@@ -304,20 +305,25 @@ class Dispatcher:
                 follow=d.answers_for_alert or bool(pb.notify) or s.notify or x.defer,
                 visit_now=x.defer or bool(pb.notify) or s.notify or pb.silence, undo=bool(pb.on_resolved),
                 verify=pb.verify if d.answers_for_alert else None),
-            seal=self.signer.seal(seal_text(x.rid, x.decided)))
+            seal=self.signer.seal(seal_text(x.rid, x.decided)),
+            incident=lemons.counts_as_incident(d.target.kind, d.mode, pb.name))
 
     def _index_elsewhere(self, outcomes: list[Outcome], news: list[NewRecord], answers: list[Decided]) -> None:
         """Redis Cluster: the approvals and due-target indexes (their own slots) of what DECIDE_MANY decided,
-        at the due times it answered (lua/decide_many.lua writes them itself on a single Redis)."""
+        at the due times it answered, and the nodes it counted an incident of (lua/decide_many.lua writes them
+        itself on a single Redis)."""
         due: dict[str, int] = {}
         for n, a in zip(news, answers):
             if a.first_ms is not None:
                 due[n.target.label] = min(due.get(n.target.label, a.first_ms), a.first_ms)
         held = {o.record_id: int((n.now + n.guards.approval_timeout) * 1000) for o, n in zip(outcomes, news)
                 if o.status == RecordStatus.PENDING_APPROVAL}
-        if not (due or held):
+        struck = [n for n, a in zip(news, answers) if a.incident]
+        if not (due or held or struck):
             return
         pipe = self.r.pipeline(transaction=False)
+        for n in struck:
+            lemons.seen(pipe, [n.target.name], n.now)
         if held:
             pipe.zadd(keys.APPROVALS, held)
         if due:
@@ -375,11 +381,14 @@ class Dispatcher:
             expires_at=expires_at, playbook=rec.playbook, fingerprint=rec.fingerprint,
             firing=rec.mode in (Mode.FIRING, Mode.STAGE), undo=undo, obligation_due=obligation_due,
             episode_ttl=self.settings.episode_ttl, deadline_ms=int(deadline if deadline is not None else 0),
-            early=early, defer=defer)], [target])[0]]
+            early=early, defer=defer, incident=lemons.counts_as_incident(target.kind, rec.mode, rec.playbook))],
+            [target])[0]]
         if answer[0] == Reason.TAMPERED:
             self.refuse_tampered(record_id, "its approval")
         pipe = self.r.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, record_id)
+        if answer[:2] == [RecordStatus.DISPATCHED, "1"]:  # the node's incident: its series are shown from now on
+            lemons.seen(pipe, [target.name], now)
         if answer[0] == RecordStatus.DISPATCHED or rec.follow:
             first = now if rec.follow else min(now + rec.expire_after, now + obligation_due)
             pipe.zadd(keys.DUE, {target.label: int(first * 1000)}, lt=True)

@@ -16,6 +16,8 @@ from ...client.wire import keys
 from ...client.wire.protocol import alert_second, compact_json, dumps, rfc3339
 from ...client.wire.status import Mode, Requester
 
+from ..lemons import WINDOW as INCIDENT_WINDOW
+
 # Annotations are free text of any size: a record keeps up to this much of them (labels are kept whole).
 ANNOTATION_VALUE_MAX = 1024
 ANNOTATIONS_MAX = 4096
@@ -221,6 +223,8 @@ class NewRecord:
     extra: tuple[tuple[str, str], ...] = ()
     # The service's seal of (rid, decided) (seals.seal_of).
     seal: str = ""
+    # Once dispatched, the record is its node's incident (lemons.counts_as_incident).
+    incident: bool = False
 
     @property
     def state_ttl(self) -> float:
@@ -232,7 +236,7 @@ class NewRecord:
         return self.now + min(self.keep.expire_after, self.guards.approval_timeout, self.keep.obligation_due)
 
     def keys_block(self, journal: str, metrics: str) -> tuple[list[str], list[Any]]:
-        """DECIDE's nine KEYS and its ARGV block, by position (lua/decide.lua names each)."""
+        """DECIDE's eleven KEYS and its ARGV block, by position (lua/decide.lua names each)."""
         t = self.target
         now_ms = int(self.now * 1000)
         g, k, x = self.guards, self.keep, self.delivery
@@ -246,6 +250,7 @@ class NewRecord:
             int(x.no_live), int(x.defer), int(x.check_reach), " ".join(x.need), t.label, int(x.visit_now),
             int(self.later * 1000), "" if x.verify is None else int(x.verify * 1000), self.fingerprint,
             self.playbook, self.alertname, x.send, rfc3339(self.now), self.decided, self.seal, t.kind,
+            int(self.incident), int(INCIDENT_WINDOW * 1000),
         ]
         if self.detail:
             block += ("detail", self.detail)
@@ -255,6 +260,6 @@ class NewRecord:
               keys.obligation(t, self.playbook, self.fingerprint), keys.due_items(t)]
         # The ladder's previous record (mode stage), else the record again (DECIDE reads it only in a stage).
         ks.append(keys.record(self.ladder.prev) if self.ladder.prev else ks[0])
-        ks += [keys.heartbeat(t), journal, metrics]
+        ks += [keys.heartbeat(t), journal, metrics, keys.node_incidents(t), keys.node_incident_times(t)]
         return ks, block
 

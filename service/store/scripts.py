@@ -20,6 +20,7 @@ from ...client.wire.redis import run_scripts
 from ...client.wire.scripts import CLIENT_SCRIPTS, Call, script
 
 from .. import repairs
+from ..lemons import WINDOW as INCIDENT_WINDOW
 from .decision import Early, NewRecord, early_arg
 
 # The scripts only the service runs (appliers run CLIENT_SCRIPTS).
@@ -82,18 +83,20 @@ DECIDE_BATCH = 100
 @dataclass(frozen=True)
 class Decided:
     """DECIDE's answer for one pair: its status ('duplicate', 'stale', 'closed': no new record; 'reach': not
-    decided, nothing written), the record it made or answered with, why, and when the reconciler is first due
-    at its target (ms; None for never)."""
+    decided, nothing written), the record it made or answered with, why, when the reconciler is first due at
+    its target (ms; None for never), and whether the record was counted as its node's incident."""
 
     status: str
     record_id: str | None
     reason: str | None
     first_ms: int | None
+    incident: bool = False
 
     @classmethod
     def of(cls, answer: Sequence[Any]) -> Decided:
         first = int(answer[3])
-        return cls(str(answer[0]), str(answer[1]) or None, str(answer[2]) or None, None if first < 0 else first)
+        return cls(str(answer[0]), str(answer[1]) or None, str(answer[2]) or None, None if first < 0 else first,
+                   int(answer[4]) == 1)
 
 
 def decide_many_calls(ks: Keyspace, made: list[NewRecord], index: bool) -> list[Call]:
@@ -110,7 +113,7 @@ def decide_many_calls(ks: Keyspace, made: list[NewRecord], index: bool) -> list[
             argv.append(len(block))
             argv += block
         if index:
-            names += [keys.APPROVALS, keys.DUE]
+            names += [keys.APPROVALS, keys.DUE, keys.NODES_SEEN]
         calls.append((script("decide_many"), names, argv))
     return calls
 
@@ -118,8 +121,9 @@ def decide_many_calls(ks: Keyspace, made: list[NewRecord], index: bool) -> list[
 def approve_call(ks: Keyspace, rid: str, *, verb: str, now: float, by: str, comment: str, signature: str,
                  send: str, expires_at: float, playbook: str, fingerprint: str, firing: bool, undo: bool,
                  obligation_due: float, episode_ttl: float, deadline_ms: int, early: Early = (),
-                 defer: bool = False) -> Call:
-    """The APPROVE call: release (verb approve), refuse (reject) or set aside (tamper) a held record."""
+                 defer: bool = False, incident: bool = False) -> Call:
+    """The APPROVE call: release (verb approve), refuse (reject) or set aside (tamper) a held record (incident:
+    once released, the record is its node's incident)."""
     t = keys.target_of_record(rid)
     args = {"now": int(now * 1000), "at": rfc3339(now), "verb": verb, "by": by, "comment": comment,
             "early": early_arg(early), "defer": int(defer), "signature": signature, "send": send,
@@ -127,9 +131,10 @@ def approve_call(ks: Keyspace, rid: str, *, verb: str, now: float, by: str, comm
             "ob_member": keys.obligation_member(playbook, fingerprint),
             "ob_due_ms": int((now + obligation_due) * 1000), "episode_ttl_ms": int(episode_ttl * 1000),
             "rid": rid, "holds": keys.episode_fields(playbook, fingerprint, "holds")[0], "deadline": deadline_ms,
-            "kind": t.kind}
+            "kind": t.kind, "playbook": playbook, "incident": int(incident),
+            "incident_window_ms": int(INCIDENT_WINDOW * 1000)}
     names = [keys.record(rid), keys.mailbox(t), keys.target_state(t), keys.obligation(t, playbook, fingerprint),
-             keys.due_items(t), ks.journal(t), ks.metrics(t)]
+             keys.due_items(t), ks.journal(t), ks.metrics(t), keys.node_incidents(t), keys.node_incident_times(t)]
     return script("approve"), names, [dumps(args)]
 
 

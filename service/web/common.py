@@ -12,6 +12,7 @@ from ...client.wire import keys
 from ...client.wire.actions import is_finite_number
 from ...client.wire.protocol import LIVE_WINDOW, rfc3339
 
+from .. import lemons
 from ..errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 
@@ -118,6 +119,13 @@ def live_targets(r: Any) -> list[dict]:
         out.append({**info, "kind": kind, "name": name, "last_seen": rfc3339(seen),
                     "age_seconds": round(now - seen, 3)})
     out.sort(key=lambda t: (t["kind"], t["name"]))
+    # A node's incidents of the last 7 days are the service's count (the agent's own words never stand for it).
+    recent = lemons.recent(r, [t["name"] for t in out if t["kind"] == "node"], now)
+    for t in out:
+        if t["kind"] == "node":
+            t["incidents_7d"] = recent.get(t["name"], 0)
+        else:
+            t.pop("incidents_7d", None)
     return out
 
 

@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from ...client.wire import keys
 from ...client.wire.scripts import ACK_LATENCY_BUCKETS
 
-from .. import goodput_metrics, history, outcomes, repairs, unmatched
+from .. import goodput_metrics, history, lemons, outcomes, repairs, unmatched
 from ..fold import REJECT_REASONS
 from ..rules.alerts import AlertGroup
 from ..signals import metrics_text as training_signals
@@ -73,15 +73,17 @@ class _Process(Collector):
 class RedisCollector(Collector):
     """What lives in Redis: acks by action and status, ack latency, backlog, live targets, Redis health."""
 
-    def __init__(self, r: redis.Redis, bounded: tuple[str, ...] = ()):
+    def __init__(self, r: redis.Redis, bounded: tuple[str, ...] = (), node_playbooks: tuple[str, ...] = ()):
         self.r = r
         # Playbooks with a max_active: trainmedic_breaker_open has a series for each.
         self.bounded = bounded
+        # Playbooks that act on nodes: trainmedic_node_incidents_total has a series for each node seen and each.
+        self.node_playbooks = node_playbooks
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("trainmedic_redis_up", "1 when Redis answered this scrape, 0 when it did not.")
         try:
-            families = [*self._families(), self._unmatched(), self._breakers()]
+            families = [*self._families(), self._unmatched(), self._breakers(), self._incidents()]
         except redis.RedisError as exc:
             # A scrape must still answer when Redis is down: that is when the gauge matters most.
             log.warning("metrics: Redis unavailable: %s", exc)
@@ -191,6 +193,15 @@ class RedisCollector(Collector):
                 family.add_metric([name], 1 if is_open else 0)
         return family
 
+    def _incidents(self) -> Metric:
+        """trainmedic_node_incidents_total: firing remediations dispatched to each node, by playbook (Lemon nodes)."""
+        family = CounterMetricFamily("trainmedic_node_incidents", "Firing remediations dispatched to each node, by "
+                                     "playbook (0 from the first time trainmedic saw the node).",
+                                     labels=["node", "playbook"])
+        for (node, playbook), n in sorted(lemons.counts(self.r, self.node_playbooks).items()):
+            family.add_metric([node, playbook], n)
+        return family
+
     def _unmatched(self) -> Metric:
         counted = CounterMetricFamily("trainmedic_alerts_unmatched",
                                       "Alerts no playbook matched, by alert name (at most 100 names, then other).",
@@ -247,15 +258,16 @@ def _add_stats(stats: dict[str, str], acked: dict, buckets: dict, sums: dict, ba
     return bad
 
 
-def registry_for(r: redis.Redis, bounded: tuple[str, ...] = ()) -> CollectorRegistry:
+def registry_for(r: redis.Redis, bounded: tuple[str, ...] = (),
+                 node_playbooks: tuple[str, ...] = ()) -> CollectorRegistry:
     """A registry for one scrape: every worker's counters (or this process's) plus what Redis holds (bounded:
-    the playbooks with a max_active)."""
+    the playbooks with a max_active; node_playbooks: those that act on nodes)."""
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)
     else:
         registry.register(_Process())
-    registry.register(RedisCollector(r, bounded))
+    registry.register(RedisCollector(r, bounded, node_playbooks))
     return registry
 
 
@@ -269,7 +281,8 @@ def metrics() -> Response:
         history.catch_up(r, wait=0.2)
     except redis.RedisError:
         pass  # trainmedic_redis_up says so below
-    body = generate_latest(registry_for(r, tuple(p.name for p in x.playbooks if p.max_active)))
+    body = generate_latest(registry_for(r, tuple(p.name for p in x.playbooks if p.max_active),
+                                        tuple(p.name for p in x.playbooks if p.target == "node")))
     try:
         body += training_signals(r)
         body += goodput_metrics.metrics_text(r)

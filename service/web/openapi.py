@@ -153,6 +153,9 @@ SCHEMAS: dict[str, Any] = {
             "name": {"type": "string"},
             "last_seen": {"type": "string", "format": "date-time"},
             "age_seconds": {"type": "number"},
+            "incidents_7d": {"type": "integer", "minimum": 0,
+                             "description": "A node's firing remediations dispatched to it in the last 7 days "
+                                            "(Lemon nodes); nodes only."},
         },
     },
     "Targets": {

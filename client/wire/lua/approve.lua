@@ -1,7 +1,8 @@
 -- APPROVE: a person's decision on a record held for approval: release it, or reject it.
 -- verb tamper: the hash no longer holds what was decided (its seal does not match, or it claims to be held
 -- while the service's approvals index does not list it): nothing is sent, the record ends skipped / tampered.
--- Returns {'dispatched'}, {'rejected'}, {'tampered'}, {'missing'}, {'not_pending', status} or {'expired'}.
+-- Returns {'dispatched', counted (1: the record was counted as its node's incident, else 0)}, {'rejected'},
+-- {'tampered'}, {'missing'}, {'not_pending', status} or {'expired'}.
 local rec = KEYS[1]          -- the record
 local mailbox = KEYS[2]      -- the target's mailbox
 local state = KEYS[3]        -- the target's state (its alert's episode: field `holds`; the mailbox's count)
@@ -9,10 +10,12 @@ local ob = KEYS[4]           -- the obligation (what on_resolved must undo for t
 local open_z = KEYS[5]       -- the target's due items
 local journal_key = KEYS[6]  -- the history journal
 local metrics = KEYS[7]      -- the metrics hash
+local incidents = KEYS[8]    -- the node's incident counts by playbook (Lemon nodes)
+local incident_times = KEYS[9]  -- the node's recent incidents by time
 -- {now (ms), at (RFC 3339), verb: approve | reject | tamper, by, comment, signature, send, expires_ms, undo (1: the
 --  playbook has on_resolved actions), ob_member, ob_due_ms, episode_ttl_ms, rid, early, defer (as in DECIDE),
 --  holds (the episode's field of held records), deadline (ms: the hold's, from the service's approvals index),
---  kind}
+--  kind, playbook, incident (1: once dispatched, the record is its node's incident), incident_window_ms}
 local a = cjson.decode(ARGV[1])
 local ctx = {journal = journal_key, metrics = metrics, kind = a.kind}
 
@@ -64,7 +67,12 @@ if a.signature ~= '' then deliver(mailbox, state, a.rid) end
 redis.call('ZADD', open_z, a.expires_ms, a.rid)
 -- A followed record is looked at now (its silence is made, its conditions evaluated, when it dispatches).
 if h[3] == '1' then redis.call('ZADD', open_z, now, a.rid) end
-settle(rec, now, open_z, a.rid, ctx)
+local status = settle(rec, now, open_z, a.rid, ctx)
+-- A record whose every step was skipped at once changed nothing on the node: no incident.
+local counted = tonumber(a.incident) == 1 and status ~= 'skipped'
+if counted then
+  count_incident(incidents, incident_times, a.playbook, a.rid, now, tonumber(a.incident_window_ms))
+end
 -- A released firing record changes things the final resolve must undo.
 if tonumber(a.undo) == 1 and ob then
   if redis.call('EXISTS', ob) == 0 then
@@ -75,4 +83,4 @@ if tonumber(a.undo) == 1 and ob then
   redis.call('PEXPIRE', ob, a.episode_ttl_ms)
   redis.call('ZADD', open_z, a.ob_due_ms, a.ob_member)
 end
-return {'dispatched'}
+return {'dispatched', counted and 1 or 0}

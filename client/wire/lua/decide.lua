@@ -1,8 +1,9 @@
 -- DECIDE: guard, record and dispatch one (alert, playbook) pair atomically, in the target's hash slot
 -- (DECIDE_MANY runs this once per pair, as its function decide_one; it never runs on its own).
 -- Its ARGV is the pair's block of DECIDE_MANY's ARGV, by position (service/store/decide_args.py NewRecord.block).
--- Returns {status, record id, reason, first}: 'duplicate', 'stale' and 'closed' mean no new record; 'reach'
--- means not decided, nothing written. first: when the reconciler is first due at the target (ms), or -1.
+-- Returns {status, record id, reason, first, counted}: 'duplicate', 'stale' and 'closed' mean no new record;
+-- 'reach' means not decided, nothing written. first: when the reconciler is first due at the target (ms), or
+-- -1; counted: 1 when the record is the node's incident (Lemon nodes), else 0.
 -- `later` (DECIDE_MANY's) gathers the writes its pairs share.
 --
 -- The target's state (one hash, keys.target_state) holds, for each playbook PB and alert fingerprint FP, the
@@ -30,6 +31,8 @@ local prev_rec = KEYS[6]       -- the ladder's previous record (mode stage; else
 local heartbeat = KEYS[7]      -- the target's heartbeat (read with hb = 1)
 local journal_key = KEYS[8]    -- the history journal
 local metrics = KEYS[9]        -- the metrics hash
+local incidents = KEYS[10]     -- the node's incident counts by playbook (Lemon nodes)
+local incident_times = KEYS[11]  -- the node's recent incidents by time
 local now = tonumber(ARGV[1])       -- ms
 local mode = ARGV[2]                 -- firing | resolved | timeout | manual | stage
 local start = ARGV[3]                -- the episode's start (second precision)
@@ -70,10 +73,13 @@ local at = ARGV[37]                  -- now as RFC 3339
 local decided = ARGV[38]             -- what was decided (the record's `d`)
 local seal = ARGV[39]                -- its seal
 local kind = ARGV[40]                -- the target's kind
-local extra = {unpack(ARGV, 41)}     -- more fields of the record, name then value
+local incident = ARGV[41] == '1'     -- a dispatched record is the node's incident (a firing node record)
+local incident_window_ms = tonumber(ARGV[42])  -- how long the node's recent incidents are kept
+local extra = {unpack(ARGV, 43)}     -- more fields of the record, name then value
 local later = ...                    -- DECIDE_MANY's shared writes
 local reason = ''
 local ctx = {journal = journal_key, metrics = metrics, kind = kind}
+local counted = false  -- the record was counted as the node's incident
 
 if hb then
   local raw = redis.call('GET', heartbeat)
@@ -82,11 +88,11 @@ if hb then
   else
     local ok, beat = pcall(cjson.decode, raw)
     local listed = ok and type(beat) == 'table' and beat.actions
-    if type(listed) ~= 'table' then return {'reach', '', '', -1} end
+    if type(listed) ~= 'table' then return {'reach', '', '', -1, 0} end
     local have = {}
     for _, x in ipairs(listed) do have[x] = true end
     for x in string.gmatch(need, '%S+') do
-      if not have[x] then return {'reach', '', '', -1} end
+      if not have[x] then return {'reach', '', '', -1, 0} end
     end
   end
 end
@@ -119,7 +125,8 @@ local function answer(status, id, why)
     table.insert(later.approvals, id)
   end
   if first and (later.due[label] == nil or first < later.due[label]) then later.due[label] = first end
-  return {status, id, why, first or -1}
+  if counted then later.nodes[string.sub(label, #kind + 2)] = now end
+  return {status, id, why, first or -1, counted and 1 or 0}
 end
 
 -- An episode field's name in the state hash.
@@ -366,7 +373,13 @@ end
 if follow then redis.call('ZADD', open_z, now, rid) end
 -- Every action decided already (the target can apply none of them): the record settles now. Without early
 -- decisions an action is still pending, so there is nothing to settle.
-if status == 'dispatched' and early then
+local dispatched = status == 'dispatched'
+if dispatched and early then
   status = settle(rec, now, open_z, rid, ctx)
+end
+-- A record whose every step was skipped at once changed nothing on the node: no incident.
+if incident and dispatched and status ~= 'skipped' then
+  count_incident(incidents, incident_times, pb, rid, now, incident_window_ms)
+  counted = true
 end
 return answer(status, rid, reason)
