@@ -34,7 +34,7 @@ def test_a_rank_slower_than_one_and_a_half_times_the_median_three_times_in_a_row
     assert not judge.compare(calm)
     slow = [0.0051, 0.0049, 0.0050, 0.0160]
     assert [judge.compare(slow) for _ in range(3)] == [False, False, True]
-    assert judge.found == Straggler(3, pytest.approx(0.0160 / 0.0050))
+    assert judge.found == Straggler(3, pytest.approx(0.0160 / 0.0051))
     assert not judge.compare(slow) and judge.found is not None and judge.found.rank == 3  # raised once
     # Back within the ratio: it resolves at once.
     assert judge.compare([0.0051, 0.0049, 0.0050, 0.0074]) and judge.found is None
@@ -66,6 +66,15 @@ def test_non_finite_negative_or_zero_times_are_ignored() -> None:
     assert not judge.compare([0.005, 0.005, -1.0]) and judge.found is not None
     # One valid time alone compares with nothing.
     assert not Stragglers(after=1).compare([0.005, math.nan, -1.0])
+
+
+def test_half_the_ranks_slowed_together_are_nobodys_stragglers() -> None:
+    judge = Stragglers(after=1)
+    # Two ranks of four on a host that got busy: the median is the upper middle time, a slowed rank's.
+    assert not any(judge.compare([0.005, 0.014, 0.005, 0.015]) for _ in range(5))
+    # Three of six likewise; one of three is a straggler at once (after=1).
+    assert not judge.compare([0.005, 0.02, 0.005, 0.021, 0.005, 0.019])
+    assert judge.compare([0.005, 0.005, 0.02]) and judge.found is not None and judge.found.rank == 2
 
 
 def test_of_two_ranks_the_slower_one_is_judged_against_the_faster() -> None:

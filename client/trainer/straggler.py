@@ -75,14 +75,16 @@ class Stragglers:
         """Judge one comparison of the ranks' times (seconds, by rank); True when `found` changed.
 
         A time that is not a positive finite number (a rank that could not measure) is ignored: that rank's
-        count neither grows nor restarts. The median is the lower middle of the valid times, a real rank's.
+        count neither grows nor restarts. The median is a real rank's time: the middle one, of an even count the
+        upper middle one (so that up to half the ranks slowed together, as by a busy host, are nobody's
+        straggler), and of two ranks the faster.
         """
         self.compared += 1
         valid = {r: t for r, t in enumerate(times) if isinstance(t, float) and math.isfinite(t) and t > 0}
         if len(valid) < 2:
             return False
         ordered = sorted(valid.values())
-        median = ordered[(len(ordered) - 1) // 2]
+        median = ordered[len(ordered) // 2] if len(ordered) > 2 else ordered[0]
         limit = self.ratio * median
         for r, t in valid.items():
             self._slow[r] = self._slow.get(r, 0) + 1 if t > limit else 0
