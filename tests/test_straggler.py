@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import write_playbooks
 from trainmedic.client.trainer.detect import DetectSettings
-from trainmedic.client.trainer.straggler import Probe, ProbeClock, Straggler, Stragglers, slowest
+from trainmedic.client.trainer.straggler import NEVER, Probe, ProbeClock, Straggler, Stragglers, slowest
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.protocol import rfc3339
 
@@ -119,32 +119,33 @@ def test_the_probe_times_the_same_fixed_work_on_the_cpu() -> None:
 
 
 def test_the_clock_spaces_probes_to_keep_their_share_of_the_time() -> None:
-    clock = ProbeClock(DetectSettings(probe_steps=10, probe_seconds=60.0, probe_share=0.01), sync_every=2)
+    clock = ProbeClock(DetectSettings(probe_steps=10, probe_seconds=60.0, probe_share=0.01), 2, lambda: None)
     try:
-        assert clock.left == 5  # every 10 steps, one collective in 2 steps
-        for _ in range(5):
-            clock.left -= 1
-        clock.started()
+        assert clock.every == 5  # every 10 steps, one collective in 2 steps
+        assert clock.started(0) == NEVER  # no other probe until this one's times are compared
         time.sleep(0.06)  # 6 collectives in 60 ms: 10 ms each
-        clock.compared(0.005)  # a 5 ms probe at most 1 % of the time: at least 0.5 s, 50 collectives apart
-        assert 40 <= clock.left <= 60, clock.left
-        clock.started()
+        left = clock.compared(0.005)  # a 5 ms probe at most 1 % of the time: at least 0.5 s, 50 collectives
+        assert 40 <= left <= 60, left
+        clock.started(0)
         time.sleep(0.01)
-        clock.compared(0.0)  # nothing measured: back to every 10 steps
-        assert clock.left == 5
+        assert clock.compared(0.0) == 5  # nothing measured: back to every 10 steps
     finally:
         clock.close()
 
 
-def test_the_clock_asks_for_a_probe_when_its_time_is_up() -> None:
-    clock = ProbeClock(DetectSettings(probe_seconds=0.1), sync_every=1)
+def test_the_clock_asks_for_a_probe_when_its_time_is_up_and_again_while_none_began() -> None:
+    asked: list[float] = []
+    begun = time.monotonic()
+    clock = ProbeClock(DetectSettings(probe_seconds=1.5), 1, lambda: asked.append(time.monotonic()))
     try:
-        deadline = time.monotonic() + 5
-        while clock.want == 0.0 and time.monotonic() < deadline:
+        deadline = begun + 10
+        while len(asked) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert clock.want == 1.0 and clock.left == 300
-        clock.started()
-        assert clock.want == 0.0
+        assert len(asked) >= 2 and asked[0] - begun >= 1.5 and asked[1] - asked[0] >= 0.9  # again after 1 s
+        clock.started(0)
+        n = len(asked)
+        time.sleep(0.3)
+        assert len(asked) == n  # a probe began: no more asks until its times are compared
     finally:
         clock.close()
 

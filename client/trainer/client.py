@@ -25,7 +25,7 @@ from .distributed import NONE, SIGNALS, Delivery, Ranks, env_rank
 from .goodput import Accountant, stall_after
 from .identity import job_name, node_name
 from .state import STATE_VERSION, AppliedState
-from .straggler import STRAGGLER, UNMEASURED, Probe, ProbeClock, Stragglers, slowest
+from .straggler import NEVER, STRAGGLER, UNMEASURED, Probe, ProbeClock, Stragglers, slowest
 
 log = logging.getLogger("trainmedic.client")
 
@@ -81,6 +81,7 @@ class RemediationClient:
         # this rank's probe time to hand over at the next collective (None: no probe is being compared).
         self._stragglers: Stragglers | None = None
         self._clock: ProbeClock | None = None
+        self._probe_left = NEVER  # rank 0: collectives until the next probe (0: due now)
         self._probe: Probe | None = None
         self._carry: float | None = None
         self._straggler_labels: tuple[tuple[str, str], ...] = ()
@@ -285,14 +286,10 @@ class RemediationClient:
         whether a straggler probe is due (rank 0's clock; between probes, a countdown and one compare)."""
         d = self._detector
         loss = self.loss if self.loss is not None and math.isfinite(self.loss) else NONE
-        want = 0.0
-        clock = self._clock
-        if clock is not None:
-            clock.left -= 1
-            want = 1.0 if clock.left <= 0 else clock.want
+        self._probe_left -= 1
         return [float(d.nan) if d else 0.0, float(d.spike) if d else 0.0, loss,
                 self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else NONE,
-                -self.samples if self._sampled else NONE, want]
+                -self.samples if self._sampled else NONE, 1.0 if self._probe_left <= 0 else 0.0]
 
     def _job_signals(self, job: list[float] | None) -> None:
         """What the ranks agreed at the collective: rank 0 raises or resolves the job's detections; every rank
@@ -316,14 +313,19 @@ class RemediationClient:
         if self._ranks.rank != 0 or s is None or not s.straggler or self._inbox is None:
             return
         self._stragglers = Stragglers(s.straggler_ratio, s.straggler_after)
-        self._clock = ProbeClock(s, self.sync_every)
+        self._clock = clock = ProbeClock(s, self.sync_every, self._probe_due)
+        self._probe_left = clock.every
+
+    def _probe_due(self) -> None:
+        """The probe clock's thread: the time is up, so the next collective asks for a probe."""
+        self._probe_left = 0
 
     def _probe_now(self) -> None:
         """Every rank times its workload now, and hands the time over at the next collective (whatever
         happens here: the ranks agreed that the next collective carries the times)."""
         self._carry = UNMEASURED
         if self._clock is not None:
-            self._clock.started()
+            self._probe_left = self._clock.started(self._probe_left)
         try:
             if self._probe is None:
                 self._probe = Probe(self._ranks.device())
@@ -337,7 +339,7 @@ class RemediationClient:
         judge, clock = self._stragglers, self._clock
         if judge is None or clock is None:
             return
-        clock.compared(slowest(times))
+        self._probe_left = clock.compared(slowest(times))
         if not judge.compare(times):
             return
         found = judge.found

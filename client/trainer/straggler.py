@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,20 +105,27 @@ class Stragglers:
         return True
 
 
+# A countdown that never reaches 0 (a rank whose clock does not ask for probes, or one waiting for the times).
+NEVER = 1 << 62
+# While a probe is overdue (asked for, not begun), the clock thread asks again this often: the training thread's
+# countdown may have overwritten its ask (a decrement of the value read before it).
+ASK_AGAIN = 1.0
+
+
 class ProbeClock:
     """Rank 0's schedule of probes: due every `probe_steps` steps or `probe_seconds`, whichever comes first, and
     spaced so that probes take at most `probe_share` of the run's time.
 
-    The training thread decrements `left` at each collective and asks for a probe when it reaches 0; a daemon
-    thread sets `want` when the time is up, so the training thread never reads a clock between probes.
+    The training thread keeps the countdown (collectives until the next probe) and asks for a probe when it
+    reaches 0; this clock's daemon thread calls `due()` (which zeroes it) when the time is up, so the training
+    thread never reads a clock between probes. `started` and `compared` answer the countdown to set.
     """
 
-    def __init__(self, settings: DetectSettings, sync_every: int):
+    def __init__(self, settings: DetectSettings, sync_every: int, due: Callable[[], None]):
         self.every = max(1, math.ceil(settings.probe_steps / sync_every))  # in collectives
         self.seconds = settings.probe_seconds
         self.share = settings.probe_share
-        self.left = self.every
-        self.want = 0.0  # 1.0: a probe is due (set by the clock thread)
+        self._due = due
         self._planned = self.every
         self._since = time.monotonic()
         self._due_at = self._since + self.seconds
@@ -130,30 +137,31 @@ class ProbeClock:
         while True:
             wait = self._due_at - time.monotonic()
             if wait <= 0:
-                self.want = 1.0
-                wait = self.seconds
-            # The due time only ever moves later while this sleeps: waking early just means sleeping again.
+                self._due()
+                wait = ASK_AGAIN
+            # The due time only moves later while this sleeps (or to now, at start): waking early is harmless.
             if self._stop.wait(min(max(wait, 0.01), self.seconds)):
                 return
 
-    def started(self) -> None:
-        """The ranks agreed on a probe now: no other is asked for until its times are compared."""
-        self.want = 0.0
-        self._planned -= self.left  # the collectives since the last comparison, but for the one to come
-        self.left = 1 << 40
+    def started(self, left: int) -> int:
+        """The ranks agreed on a probe now, with `left` collectives to go: none is asked for until its times
+        are compared."""
+        self._planned -= max(left, 0)  # the collectives since the last comparison, but for the one to come
         self._due_at = math.inf
+        return NEVER
 
-    def compared(self, cost: float) -> None:
+    def compared(self, cost: float) -> int:
         """The times were compared; `cost` is the slowest rank's probe (every rank waited for it)."""
         now = time.monotonic()
         per_collective = (now - self._since) / max(self._planned + 1, 1)
         gap = cost / self.share if math.isfinite(cost) and cost > 0 else 0.0
-        self.left = self.every
+        left = self.every
         if per_collective > 0 and gap > self.every * per_collective:
-            self.left = min(math.ceil(gap / per_collective), 1 << 40)
-        self._planned = self.left
+            left = min(math.ceil(gap / per_collective), NEVER)
+        self._planned = left
         self._since = now
         self._due_at = now + max(self.seconds, gap)
+        return left
 
     def close(self) -> None:
         self._stop.set()
