@@ -13,8 +13,8 @@ from .detect import DetectSettings
 STRAGGLER = "TrainingStraggler"
 # A probe's time when it could not be measured: ignored by the comparison, as every non-positive time is.
 UNMEASURED = float("-inf")
-# The fixed workload: REPS products of two N x N float32 matrices, several milliseconds on either device (a CPU
-# core takes about 50 µs for one 128 x 128 product; a GPU about 70 µs for one 1024 x 1024), long enough that a
+# The fixed workload, as (N, REPS): REPS products of two N x N float32 matrices, several milliseconds (one CPU
+# core takes about 50 µs for a 128 x 128 product; a GPU tens of µs for a 1024 x 1024 one), long enough that a
 # CPU quota enforced per scheduler tick, or a core shared with another process, shows in it.
 CPU_WORK = (128, 128)
 CUDA_WORK = (1024, 64)
