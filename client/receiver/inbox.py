@@ -75,6 +75,7 @@ class Detection:
     ends_at: str
     step: int | None
     value: float | None
+    labels: tuple[tuple[str, str], ...] = ()  # what it names besides the job (a straggler: node, rank)
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,7 @@ class Inbox:
             elif isinstance(x, Reapplied):
                 mb.reapply(x.record_id, x.index, x.at, x.step, x.by)
             elif isinstance(x, Detection):
-                mb.detect(x.alertname, x.status, x.starts_at, x.ends_at, x.step, x.value)
+                mb.detect(x.alertname, x.status, x.starts_at, x.ends_at, x.step, x.value, x.labels)
             elif isinstance(x, _Ask) and x.what == "ledger":
                 self.ready.append(Ledger(tuple(mb.ledger())))
                 self._notify()

@@ -195,11 +195,13 @@ class Mailbox:
         return None
 
     def detect(self, alertname: str, status: str, starts_at: str, ends_at: str, step: int | None,
-               value: float | None) -> None:
+               value: float | None, labels: tuple[tuple[str, str], ...] = ()) -> None:
         """Hand a detection to the service: append it to the job's own stream and tell the service on the job's
-        own channel (a service that did not hear it finds it at its next look at the job)."""
+        own channel (a service that did not hear it finds it at its next look at the job). `labels`: what the
+        detection names besides the job (a straggler's node and rank), as fields of the entry."""
         fields = {"alertname": alertname, "status": status, "starts_at": starts_at, "ends_at": ends_at,
-                  "step": "" if step is None else str(step), "value": "" if value is None else repr(float(value))}
+                  "step": "" if step is None else str(step), "value": "" if value is None else repr(float(value)),
+                  **{f"label:{name}": text for name, text in labels}}
         key = keys.detections(self.target)
         pipe = self.r.pipeline(transaction=False)
         pipe.xadd(key, fields, maxlen=DETECTIONS_MAXLEN, approximate=True)

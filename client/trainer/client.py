@@ -21,10 +21,11 @@ from ..wire.redis import redis_url
 from ..wire.signing import SigningError, verifier_from
 from . import lr as lrmod
 from .detect import ALERTS, NAN, SPIKE, DetectSettings, Detector
-from .distributed import NONE, Delivery, Ranks, env_rank
+from .distributed import NONE, SIGNALS, Delivery, Ranks, env_rank
 from .goodput import Accountant, stall_after
 from .identity import job_name, node_name
 from .state import STATE_VERSION, AppliedState
+from .straggler import NEVER, STRAGGLER, UNMEASURED, Probe, ProbeClock, Stragglers, slowest
 
 log = logging.getLogger("trainmedic.client")
 
@@ -69,11 +70,21 @@ class RemediationClient:
         self._sampled = False
         self._tensor_calls = 0
         self._detector = Detector(detect_settings) if detect_settings is not None else None
+        self._detect_settings = detect_settings
         self._observe = self._detector.observe if self._detector is not None else None  # bound once: the hot path
         # Rank 0: the job's detections it raised and has not resolved (alertname -> startsAt), and what the ranks
         # reported at the last collective (highest loss, highest grad norm, fewest samples).
         self._alerts: dict[str, str] = {}
         self._job: tuple[float | None, float | None, float | None] | None = None
+        # Stragglers (README: the training client): rank 0's judge and its schedule of probes (made at the
+        # first collective, with straggler detection on), every rank's probe (made at its first probe), and
+        # this rank's probe time to hand over at the next collective (None: no probe is being compared).
+        self._stragglers: Stragglers | None = None
+        self._clock: ProbeClock | None = None
+        self._probe_left = NEVER  # rank 0: collectives until the next probe (0: due now)
+        self._probe: Probe | None = None
+        self._carry: float | None = None
+        self._straggler_labels: tuple[tuple[str, str], ...] = ()
         # The heartbeat thread's view of progress: the step it last saw, since when, and the samples rate.
         self._beat_step: int | None = None
         self._step_since = 0.0
@@ -208,8 +219,9 @@ class RemediationClient:
                     return []
                 if self._nodes is None:
                     self._nodes = self._ranks.nodes(self.node)
+                    self._start_straggler_detection()
                 with self._lock:
-                    deliveries, job = self._ranks.exchange(self._take, self._local_signals())
+                    deliveries, job = self._ranks.exchange(self._take, self._local_signals(), self._carry)
                     self._job_signals(job)
                     return self._apply_all(deliveries, ranked=True) if deliveries else []
             if not self._ready:
@@ -270,21 +282,86 @@ class RemediationClient:
                     self._raise(d.nan, d.spike, v)
 
     def _local_signals(self) -> list[float]:
-        """This rank's part of the collective: detections, loss, grad norm and samples (NONE when unknown)."""
+        """This rank's part of the collective: detections, loss, grad norm and samples (NONE when unknown), and
+        whether a straggler probe is due (rank 0's clock; between probes, a countdown and one compare)."""
         d = self._detector
         loss = self.loss if self.loss is not None and math.isfinite(self.loss) else NONE
+        self._probe_left -= 1
         return [float(d.nan) if d else 0.0, float(d.spike) if d else 0.0, loss,
                 self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else NONE,
-                -self.samples if self._sampled else NONE]
+                -self.samples if self._sampled else NONE, 1.0 if self._probe_left <= 0 else 0.0]
 
     def _job_signals(self, job: list[float] | None) -> None:
-        """What the ranks agreed at the collective: rank 0 raises or resolves the job's detections."""
+        """What the ranks agreed at the collective: rank 0 raises or resolves the job's detections; every rank
+        probes when one is due, and rank 0 compares the probe times that came back."""
         if job is None:
             return
-        nan, spike, loss, grad, neg_samples = job
+        nan, spike, loss, grad, neg_samples, want = job[:SIGNALS]
         self._job = (loss if loss != NONE else None, grad if grad != NONE else None,
                      -neg_samples if neg_samples != NONE else None)
         self._raise(nan > 0, spike > 0, self.loss)
+        if self._carry is not None:
+            self._carry = None
+            self._compare(job[SIGNALS:])
+        if want > 0:
+            self._probe_now()
+
+    # -- stragglers
+    def _start_straggler_detection(self) -> None:
+        """At the first collective: rank 0 with straggler detection on makes its judge and its probe clock."""
+        s = self._detect_settings
+        if self._ranks.rank != 0 or s is None or not s.straggler or self._inbox is None:
+            return
+        self._stragglers = Stragglers(s.straggler_ratio, s.straggler_after)
+        self._clock = clock = ProbeClock(s, self.sync_every, self._probe_due)
+        self._probe_left = clock.every
+
+    def _probe_due(self) -> None:
+        """The probe clock's thread: the time is up, so the next collective asks for a probe."""
+        self._probe_left = 0
+
+    def _probe_now(self) -> None:
+        """Every rank times its workload now, and hands the time over at the next collective (whatever
+        happens here: the ranks agreed that the next collective carries the times)."""
+        self._carry = UNMEASURED
+        if self._clock is not None:
+            self._probe_left = self._clock.started(self._probe_left)
+        try:
+            if self._probe is None:
+                self._probe = Probe(self._ranks.device())
+            self._carry = self._probe.run()
+        except Exception as exc:  # the training loop is sacred: an unmeasured rank is left out of comparisons
+            self._warn_once("probe", "trainmedic: could not time the straggler probe (%s: %s); training "
+                            "continues", type(exc).__name__, exc)
+
+    def _compare(self, times: list[float]) -> None:
+        """Rank 0: compare the ranks' probe times; raise or resolve the job's straggler."""
+        judge, clock = self._stragglers, self._clock
+        if judge is None or clock is None:
+            return
+        self._probe_left = clock.compared(slowest(times))
+        if not judge.compare(times):
+            return
+        found = judge.found
+        if found is not None and STRAGGLER not in self._alerts:
+            nodes = self._ranks.node_of
+            node = nodes[found.rank] if found.rank < len(nodes) else None
+            self._straggler_labels = (("node", node or ""), ("rank", str(found.rank)))
+            self._alerts[STRAGGLER] = start = rfc3339()
+            self._send_detection(Detection(STRAGGLER, "firing", start, "", self.step, found.ratio,
+                                           self._straggler_labels))
+            log.warning("trainmedic: %s detected in %s at step %s: rank %s on %s is %.2f times slower than the "
+                        "median rank", STRAGGLER, self.job, self.step, found.rank, node, found.ratio,
+                        extra={"target": self.target.label, "alertname": STRAGGLER})
+        elif found is None and STRAGGLER in self._alerts:
+            self._send_detection(Detection(STRAGGLER, "resolved", self._alerts.pop(STRAGGLER), rfc3339(),
+                                           self.step, None, self._straggler_labels))
+            log.info("trainmedic: %s of %s cleared at step %s", STRAGGLER, self.job, self.step,
+                     extra={"target": self.target.label, "alertname": STRAGGLER})
+
+    def _send_detection(self, detection: Detection) -> None:
+        if self._inbox is not None:
+            self._inbox.send([detection])
 
     def _raise(self, nan: bool, spike: bool, value: float | None) -> None:
         """Send the job's detections that began or cleared (rank 0 only: one alert per job)."""
@@ -305,7 +382,7 @@ class RemediationClient:
     def detected(self) -> tuple[str, ...]:
         """The detections this process sees now (of the job, on rank 0 under torch.distributed)."""
         if self._inbox is not None:
-            return tuple(a for a in ALERTS if a in self._alerts)
+            return tuple(a for a in (*ALERTS, STRAGGLER) if a in self._alerts)
         d = self._detector
         return tuple(a for a, on in ((NAN, d is not None and d.nan), (SPIKE, d is not None and d.spike)) if on)
 
@@ -454,6 +531,8 @@ class RemediationClient:
     def close(self) -> None:
         """Stop the background threads; commands received but not applied go back to the mailbox."""
         unapplied = self._ranks.finish() if self._ranks.world > 1 else []
+        if self._clock is not None:
+            self._clock.close()
         if self._inbox is None:
             return
         self._inbox.stop_receiving()  # first: nothing may be claimed after we look at what is left

@@ -1,4 +1,5 @@
-"""Loss detectors that run in the training thread: a non-finite loss, and a spike over the recent median."""
+"""Loss detectors that run in the training thread (a non-finite loss, a spike over the recent median), and the
+knobs of every in-loop detector (the stragglers' too: client/trainer/straggler.py)."""
 from __future__ import annotations
 
 import math
@@ -31,6 +32,16 @@ class DetectSettings:
     # to batch noise of a plateau is no spike). 0 turns either off.
     min_rise: float = 0.01
     noise: float = 3.0
+    # Stragglers (torch.distributed only): each rank times a small fixed workload every `probe_steps` steps or
+    # `probe_seconds`, whichever comes first; a rank slower than `straggler_ratio` times the job's median rank
+    # in `straggler_after` comparisons in a row is a straggler. The probes are spaced further apart when they
+    # would otherwise take more than `probe_share` of the run's time (its ranks wait for the slowest probe).
+    straggler: bool = True
+    straggler_ratio: float = 1.5
+    straggler_after: int = 3
+    probe_steps: int = 300
+    probe_seconds: float = 60.0
+    probe_share: float = 0.005
 
     @classmethod
     def of(cls, detect: Any) -> DetectSettings | None:
@@ -46,13 +57,13 @@ class DetectSettings:
         if unknown:
             raise ValueError(f"detect has unknown settings {', '.join(unknown)} (known: {', '.join(known)})")
         for name, value in detect.items():
-            if name in ("nan", "spike"):
+            if name in _SWITCHES:
                 if not isinstance(value, bool):
                     raise ValueError(f"detect[{name!r}] must be True or False")
             elif name in _NUMBERS:
-                low, what = _NUMBERS[name]
+                low, strict, high, what = _NUMBERS[name]
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                        math.isfinite(value) and (value > low if name == "factor" else value >= low)):
+                        math.isfinite(value) and (value > low if strict else value >= low) and value <= high):
                     raise ValueError(f"detect[{name!r}] must be a finite number {what}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 100_000:
                 raise ValueError(f"detect[{name!r}] must be a whole number from 1 to 100000")
@@ -60,8 +71,14 @@ class DetectSettings:
         return cls(**values)
 
 
-# The settings that are real numbers: the bound each must pass, and how an error names it.
-_NUMBERS = {"factor": (1.0, "above 1"), "min_rise": (0.0, "of 0 or more"), "noise": (0.0, "of 0 or more")}
+_SWITCHES = ("nan", "spike", "straggler")
+# The settings that are real numbers: the lower bound each must pass (strictly or not), the upper one, and how
+# an error names them.
+_NUMBERS = {"factor": (1.0, True, math.inf, "above 1"), "min_rise": (0.0, False, math.inf, "of 0 or more"),
+            "noise": (0.0, False, math.inf, "of 0 or more"),
+            "straggler_ratio": (1.0, True, math.inf, "above 1"),
+            "probe_seconds": (0.0, True, math.inf, "above 0"),
+            "probe_share": (0.0, True, 1.0, "above 0 and at most 1")}
 
 
 # The median behind the spike threshold is recomputed after this many normal losses (and when the warm-up

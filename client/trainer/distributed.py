@@ -13,8 +13,9 @@ from ..wire.protocol import ACK_STATUSES, Command, ProtocolError
 # A rank's training signal it does not know, in the collective's MAX (every known value is above it).
 NONE = float("-inf")
 # What a rank adds to the collective besides rank 0's payload size: its detections (NaN, spike: 0 or 1), its
-# latest loss, its grad norm and minus the samples it processed (MAX of those: the fewest samples).
-SIGNALS = 5
+# latest loss, its grad norm, minus the samples it processed (MAX of those: the fewest samples), and whether it
+# asks every rank for a straggler probe now (0 or 1).
+SIGNALS = 6
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Ranks:
         self._device: Any = None
         self._announced: list[Delivery] = []  # rank 0: taken from the inbox, not yet handed to the ranks
         self._payload = b""
+        self.node_of: list[str | None] = []  # every rank's node, by rank, once the ranks met
 
     @classmethod
     def detect(cls) -> Ranks:
@@ -65,6 +67,11 @@ class Ranks:
         self.calls += 1
         return (self.calls if step is None else step) % sync_every == 0
 
+    def device(self) -> Any:
+        """The device the ranks' collective uses: this rank's GPU with NCCL, else the CPU."""
+        self._tensors()
+        return self._device
+
     def _tensors(self) -> Any:
         import torch
         import torch.distributed as dist
@@ -75,13 +82,15 @@ class Ranks:
             self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         return torch, dist
 
-    def exchange(self, take: Callable[[], list[Delivery]],
-                 signals: Sequence[float] | None = None) -> tuple[list[Delivery], list[float]]:
+    def exchange(self, take: Callable[[], list[Delivery]], signals: Sequence[float] | None = None,
+                 probe: float | None = None) -> tuple[list[Delivery], list[float]]:
         """All ranks receive rank 0's pending deliveries now (take() runs on rank 0 only), and what the ranks
-        report together: the MAX over ranks of each of this rank's `signals` (SIGNALS values, NONE unknown).
+        report together: the MAX over ranks of each of this rank's `signals` (SIGNALS values, NONE unknown),
+        then, when `probe` is given (every rank gives one at the same call), every rank's probe time by rank.
 
         The payload size and the signals travel in one small all-reduce (the collective the ranks meet at
-        anyway), so a detection on any rank is known to every rank at the same step, with no extra wait.
+        anyway), so a detection on any rank is known to every rank at the same step, with no extra wait. A
+        probe's times ride in it too: each rank fills its own slot, NONE elsewhere, and MAX gathers them.
 
         Synchronous on purpose: an asynchronous announcement left in flight between steps was measured
         3-8x cheaper, but with torch 2.13's gloo a process group destroyed right after a barrier that
@@ -96,8 +105,12 @@ class Ranks:
                                         for d in self._announced]).encode() if self._announced else b""
         size = float(len(self._payload)) if self.rank == 0 else 0.0
         mine = list(signals) if signals is not None else [NONE] * SIGNALS
+        if probe is not None:
+            slots = [NONE] * self.world
+            slots[self.rank] = probe
+            mine += slots
         vec = torch.tensor([size, *mine], dtype=torch.float64).to(self._device)
-        dist.all_reduce(vec, op=dist.ReduceOp.MAX)  # the whole cost of an idle sync: one 48-byte all-reduce
+        dist.all_reduce(vec, op=dist.ReduceOp.MAX)  # the whole cost of an idle sync: one 56-byte all-reduce
         n, *job = vec.tolist()
         return (self._receive(int(n)) if n else []), job
 
@@ -124,6 +137,7 @@ class Ranks:
 
         names: list[Any] = [None] * self.world
         dist.all_gather_object(names, node)
+        self.node_of = [n if isinstance(n, str) else None for n in names]
         return sorted({n for n in names if isinstance(n, str)})
 
     def finish(self) -> list[Delivery]:

@@ -13,6 +13,7 @@ import math
 import os
 import secrets
 import time
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,8 +32,13 @@ from .plan import Decision
 log = logging.getLogger("trainmedic.detections")
 
 NAN, SPIKE, HANG = "TrainingLossNaN", "TrainingLossSpike", "TrainingHang"
+STRAGGLER = "TrainingStraggler"
 # The alerts a job's client may raise about itself, and their severity (README: the training client).
-CLIENT_ALERTS = {NAN: "critical", SPIKE: "critical"}
+CLIENT_ALERTS = {NAN: "critical", SPIKE: "critical", STRAGGLER: "warning"}
+# The labels a detection names besides the job, each with the rule its value must follow (a straggler names the
+# slow rank's node, which its playbook acts on, and the rank's number).
+EXTRA_LABELS: dict[str, dict[str, re.Pattern[str]]] = {
+    STRAGGLER: {"node": keys.TARGET_NAME_RE, "rank": re.compile(r"^(0|[1-9][0-9]{0,6})\Z")}}
 SEVERITY = {**CLIENT_ALERTS, HANG: "warning"}
 # One detection is decided by the first service process that claims it; the claim outlives any retry.
 CLAIM_TTL = 600.0
@@ -58,9 +64,10 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     return f"{h:016x}"
 
 
-def labels_of(target: keys.Target, alertname: str) -> dict[str, str]:
-    """The labels of a detection: alertname, job_name, severity, source."""
-    return {"alertname": alertname, "job_name": target.name, "severity": SEVERITY[alertname],
+def labels_of(target: keys.Target, alertname: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The labels of a detection: alertname, job_name, what else it names (a straggler: node, rank), severity,
+    source."""
+    return {"alertname": alertname, "job_name": target.name, **(extra or {}), "severity": SEVERITY[alertname],
             "source": "trainmedic"}
 
 
@@ -82,13 +89,13 @@ class Detections:
 
     # -- deciding one detection
     def decide(self, target: keys.Target, alertname: str, status: str, starts_at: str, ends_at: str = "",
-               summary: str = "") -> list[Outcome]:
+               summary: str = "", extra: Mapping[str, str] | None = None) -> list[Outcome]:
         """Decide a detection of `target` as Alertmanager's notification of it would be, then post it there.
 
         At most one firing detection of a detector and job is decided (and posted) per cooldown of the
         playbooks that answer it: a detector that flaps makes one record, not one a flap. A resolve is decided
         (it closes the episode, and runs on_resolved) and posted only for the episode that was."""
-        labels = labels_of(target, alertname)
+        labels = labels_of(target, alertname, extra)
         if not self._let_through(target, alertname, status, starts_at, labels):
             return []
         notes = {"summary": summary} if summary else {}
@@ -165,8 +172,9 @@ class Detections:
             if parsed is None:
                 log.warning("ignored a malformed detection of %s (entry %s)", target.label, eid)
                 continue
-            alertname, status, starts_at, ends_at, summary = parsed
-            out.extend(self.decide(target, alertname, status, starts_at, ends_at, summary.format(job=target.name)))
+            alertname, status, starts_at, ends_at, summary, extra = parsed
+            out.extend(self.decide(target, alertname, status, starts_at, ends_at, summary.format(job=target.name),
+                                   extra))
         if entries:
             self.r.set(keys.detections_cursor(target), entries[-1][0], px=int(CURSOR_TTL * 1000))
         return out
@@ -214,14 +222,20 @@ class Detections:
 
 _SUMMARY = {NAN: "The training loss of job {{job}} was {value} at step {step} (detected in the training loop).",
             SPIKE: "The training loss of job {{job}} was {value} at step {step}, above twice its recent median "
-                   "(detected in the training loop)."}
+                   "(detected in the training loop).",
+            STRAGGLER: "Rank {rank} of job {{job}} on node {node} was {value} times slower than the job's median "
+                       "rank at step {step} (detected in the training loop)."}
 
 
-def _parse(f: Mapping[str, str]) -> tuple[str, str, str, str, str] | None:
-    """A detection entry's alertname, status, start, end and summary; None for one that is not valid."""
+def _parse(f: Mapping[str, str]) -> tuple[str, str, str, str, str, dict[str, str]] | None:
+    """A detection entry's alertname, status, start, end, summary and the labels it names besides the job;
+    None for one that is not valid."""
     alertname, status = f.get("alertname", ""), f.get("status", "")
     starts_at, ends_at = f.get("starts_at", ""), f.get("ends_at", "")
     if alertname not in CLIENT_ALERTS or status not in ("firing", "resolved"):
+        return None
+    extra = {name: f.get(f"label:{name}", "") for name in EXTRA_LABELS.get(alertname, {})}
+    if any(not rule.match(extra[name]) for name, rule in EXTRA_LABELS.get(alertname, {}).items()):
         return None
     start = parse_rfc3339(starts_at)
     if start is None or start > time.time() + 300:
@@ -234,8 +248,9 @@ def _parse(f: Mapping[str, str]) -> tuple[str, str, str, str, str] | None:
     except ValueError:
         return None
     shown = f"{value:.4g}" if math.isfinite(value) else str(value)
-    summary = _SUMMARY[alertname].format(value=shown, step=step if step >= 0 else "?") if status == "firing" else ""
-    return alertname, status, starts_at, ends_at if status == "resolved" else "", summary
+    summary = _SUMMARY[alertname].format(value=shown, step=step if step >= 0 else "?", **extra) \
+        if status == "firing" else ""
+    return alertname, status, starts_at, ends_at if status == "resolved" else "", summary, extra
 
 
 def _stream_id(text: str) -> tuple[int, int]:
