@@ -93,7 +93,7 @@ class Detector:
     """Judges each loss it observes; `nan` and `spike` say what is detected now (each until it clears)."""
 
     __slots__ = ("s", "nan", "spike", "changed", "_ring", "_i", "_end", "_total", "_since", "_limit", "_left",
-                 "_over", "_normal", "_active", "_floor")
+                 "_over", "_normal", "_active", "_floor", "_early")
 
     def __init__(self, settings: DetectSettings):
         self.s = settings
@@ -114,6 +114,7 @@ class Detector:
         self._active = False  # a detection is on: normal losses count towards clearing it
         # The least rise above the median that counts, from the run's early losses (None: not learned yet).
         self._floor: float | None = None
+        self._early = 0.0  # the size of the run's early losses (once the warm-up ends)
 
     def observe(self, x: float) -> bool:
         """Judge one loss; True when what is detected changed (a detection began or cleared)."""
@@ -179,9 +180,10 @@ class Detector:
         m = n >> 1
         median = values[m] if n & 1 else (values[m - 1] + values[m]) * 0.5
         if self._floor is None:  # the end of the warm-up: these are the run's early losses
-            self._floor = self.s.min_rise * _scale(values, median)
-        # A median at or below zero gives no meaningful "twice as high": no spike is judged then.
-        if median <= 0:
+            self._early = _scale(values, median)
+            self._floor = self.s.min_rise * self._early
+        # A median below zero gives no meaningful "twice as high": no spike is judged then.
+        if median < 0:
             self._limit = math.inf
             return
         # The rise must also be large against the loss's own scale: the run's early losses and the spread of
@@ -189,7 +191,10 @@ class Detector:
         rise = self.s.noise * (values[(9 * (n - 1)) // 10] - median)
         if rise < self._floor:
             rise = self._floor
-        limit = self.s.factor * median
+        # A run sitting at exactly zero (float32's noise floor, a hinge loss once the margin holds) has no scale
+        # of its own left: "twice as high" is then against its early losses (a corrupt shard is far above them,
+        # the odd batch with a positive loss is not); with none, no spike is judged.
+        limit = self.s.factor * (median or self._early or math.inf)
         self._limit = limit if limit > median + rise else median + rise
 
 
