@@ -18,7 +18,7 @@ Each is measured (a) once the fill is indexed (history.catch_up, as the reconcil
 command still waits: nobody claimed or acknowledged one; (b) once every command has ended, as the product ends
 them: --end expire (default) runs the reconciler's pass (Reconciler.tick, its RECONCILE of every due target) at
 now + expire_after + 1 s, so each command expires; --end ack acknowledges every action `applied` through the ACK
-script (records.ack_calls, as a trainer does); (c) once the reconciler has followed up every record it follows
+script (scripts.ack_calls, as a trainer does); (c) once the reconciler has followed up every record it follows
 (its outcome counted, its ladder ended, its due item gone): the pass with its follow-ups, at the same time or, after
 acks, at now + verify + 301 s (outcome ineffective: no resolve came). (c) is left out for a case with more than
 --follow-up-max dispatched records (a follow-up takes a few ms of the reconciler here: a million take an hour).
@@ -50,9 +50,9 @@ from cost_model import fill, in_process
 from history_scale import kind_of
 
 from trainmedic.client.wire import keys
-from trainmedic.service.store import record as records
 from trainmedic.client.wire.protocol import Ack
 from trainmedic.client.wire.redis import run_scripts
+from trainmedic.client.wire.scripts import ack_calls
 from trainmedic.service import history
 from trainmedic.service.decide.followup import INEFFECTIVE_AFTER
 
@@ -201,9 +201,7 @@ def end_commands(svc: Any, r: redis.Redis, how: str) -> float:
         acks = [Ack(rid, n, action, "applied", {}, "bench:1") for rid in ids[i:i + 500]
                 for n, action in enumerate(actions)]
         now = time.time()
-        run_scripts(r, records.ack_calls(svc.dispatcher.scripts, acks, now))
-        # As the client's Mailbox.ack does: a settled record has an outcome to follow, so its target is due now.
-        r.zadd(keys.DUE, {keys.target_of_record(rid).label: int(now * 1000) for rid in ids[i:i + 500]}, lt=True)
+        run_scripts(r, ack_calls(acks, now))  # as the client's Mailbox.ack does
     return time.time() + pb.verify + INEFFECTIVE_AFTER + 1
 
 

@@ -31,7 +31,9 @@ import redis
 from trainmedic.client.wire import keys
 from trainmedic.service.store.decision import Step
 from trainmedic.client.wire.signing import Signer, Verifier
-from trainmedic.service.decide.dispatch import command_for, new_record_id
+from trainmedic.client.wire.protocol import command_message
+from trainmedic.service.decide.dispatch import new_record_id
+from trainmedic.service.store.decision import decided_text
 from webhook_throughput import run_wrk
 
 NOSIGN = ROOT / "benchmarks" / "_nosign"
@@ -41,10 +43,15 @@ def typical_command() -> bytes:
     """The bytes the service signs for the shipped loss-spike playbook's command to one job."""
     target = keys.Target("job", "llama-ft-01")
     steps = (Step("rollback_checkpoint", {}), Step("scale_lr", {"factor": 0.5, "min_lr": 1.0e-7}))
-    fp = "071ff15f8faead0f"
-    cmd = command_for(new_record_id(target), target, enumerate(steps), {}, time.time(), 3600.0, fp,
-                      f"{fp}|2026-11-22T01:25:24Z|loss-spike|0|firing", "2026-11-22T01:25:24.115697517Z")
-    return cmd.to_json().encode()
+    starts = "2026-11-22T01:25:24.115697517Z"
+    alert = {"alertname": "TrainingLossSpike", "status": "firing", "fingerprint": "071ff15f8faead0f",
+             "starts_at": starts, "ends_at": "0001-01-01T00:00:00Z",
+             "labels": {"alertname": "TrainingLossSpike", "job_name": "llama-ft-01", "severity": "critical"},
+             "annotations": {"summary": "Training loss spike detected"},
+             "generator_url": "http://prometheus:9090/graph?g0.expr=train_loss"}
+    decided = decided_text("loss-spike", "firing", "webhook", alert, steps, {}, "2026-11-22T01:25:24Z", 0, "",
+                           3600.0)
+    return command_message(new_record_id(target), int((time.time() + 3600.0) * 1000), "", decided)
 
 
 def timed(fn, calls: int) -> tuple[float, float]:

@@ -308,12 +308,18 @@ def history(url: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     params: dict[str, Any] = {"limit": 500}
     while True:
-        for attempt in range(5):
+        for attempt in range(10):
             try:
-                page = requests.get(url + "/history", params=params, timeout=60).json()
-                break
+                resp = requests.get(url + "/history", params=params, timeout=60)
+                if resp.status_code == 200:
+                    page = resp.json()
+                    break
+                # An error answer (a busy service) has no page: ask again shortly.
+                if attempt == 9:
+                    resp.raise_for_status()
+                time.sleep(2)
             except requests.RequestException:
-                if attempt == 4:
+                if attempt == 9:
                     raise
         items += page["items"]
         if not page.get("next") or not page["items"]:
