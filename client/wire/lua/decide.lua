@@ -366,11 +366,16 @@ if status == 'dispatched' then
   -- The entry names the record (its id's head), which holds what the command is made of and its signature;
   -- the state's `q` counted it above.
   if sending then redis.call('XADD', mailbox, '*', 'r', string.sub(rid, 1, 26)) end
-  -- Due at its expiry through the due targets (DECIDE_MANY); a followed one is due now (below).
+  -- Due at its expiry through the due targets (DECIDE_MANY); a followed one is in its due items too (below).
 elseif status == 'pending_approval' then
   if not follow then redis.call('ZADD', open_z, approve_by_ms, rid) end
 end
-if follow then redis.call('ZADD', open_z, now, rid) end
+-- A followed record is due now when it has a silence, a notification or conditions to do, or nothing to wait
+-- for; one still dispatched or held waits for its ack (which settles it and makes it due), expiry or deadline.
+if follow then
+  local waits = not follow_now and (status == 'dispatched' or status == 'pending_approval')
+  redis.call('ZADD', open_z, waits and later_ms or now, rid)
+end
 -- Every action decided already (the target can apply none of them): the record settles now. Without early
 -- decisions an action is still pending, so there is nothing to settle.
 local dispatched = status == 'dispatched'
