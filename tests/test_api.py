@@ -51,7 +51,7 @@ def test_probes(http, r) -> None:
     assert http.get("/healthz").json == {"status": "ok"}
     ready = http.get("/readyz")
     shipped = len(re.findall(r"^  - name: ", (ROOT / "playbooks" / "default.yaml").read_text(), re.M))
-    assert ready.status_code == 200 and ready.json["playbooks"] == shipped == 8
+    assert ready.status_code == 200 and ready.json["playbooks"] == shipped == 10
 
 
 def test_live_targets_are_listed_from_heartbeats(http, r) -> None:
