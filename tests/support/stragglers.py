@@ -2,6 +2,7 @@
 processes (for the straggler tests and benchmarks/straggler_overhead.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -52,9 +53,10 @@ class StragglerJob:
     def slow_down(self, rank: int, busy: int = 2, nice: int = 10) -> None:
         """Make `rank` share one core with `busy` busy-looping processes, at a lower priority than theirs."""
         core = max(os.sched_getaffinity(0))
-        slowed = self.procs[rank].pid
-        os.sched_setaffinity(slowed, {core})
-        os.setpriority(os.PRIO_PROCESS, slowed, nice)
+        for tid in threads(self.procs[rank].pid):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(tid, {core})
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
         for _ in range(busy):
             helper = subprocess.Popen(BUSY)
             os.sched_setaffinity(helper.pid, {core})
@@ -63,9 +65,10 @@ class StragglerJob:
     def restore(self, rank: int) -> None:
         """Give `rank` back its speed: the busy processes end, its priority and CPUs are what they were."""
         self.end_helpers()
-        pid = self.procs[rank].pid
-        os.setpriority(os.PRIO_PROCESS, pid, 0)
-        os.sched_setaffinity(pid, self.cores[rank] if self.cores is not None else os.sched_getaffinity(0))
+        for tid in threads(self.procs[rank].pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+                os.sched_setaffinity(tid, self.cores[rank] if self.cores is not None else os.sched_getaffinity(0))
 
     def stop(self) -> None:
         """Ask the ranks to leave (at the same step), and end the busy processes."""
@@ -99,3 +102,9 @@ class StragglerJob:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def threads(pid: int) -> list[int]:
+    """Every thread of a process (Linux applies CPU affinity and nice to one thread at a time: torch's and gloo's
+    threads would keep their own)."""
+    return [int(name) for name in os.listdir(f"/proc/{pid}/task")]
