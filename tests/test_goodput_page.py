@@ -51,6 +51,7 @@ def site(r: redis.Redis, make_app: Any, redis_url: str) -> Iterator[tuple[Server
         fold(t0 + 2400 + minute * 60, b.beat(t0 + 2400 + minute * 60))
     rc = RemediationClient(job=JOB, redis_url=redis_url, heartbeat_interval=0.2)
     rc.register("rollback_checkpoint", lambda params: {"restored_step": b.step})
+    rc.register("empty_cache", lambda params: {"freed_bytes": 0})
     ids = {}
     for name, action in (("recovered", "rollback_checkpoint"), ("open", "empty_cache")):
         rid = ids[name] = send(r, JOB, action)
