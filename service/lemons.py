@@ -23,7 +23,8 @@ from . import repairs
 LEMON_PLAYBOOK = "lemon-node"
 # How far back GET /targets counts a node's incidents.
 WINDOW = 7 * 86400.0
-# A node neither heard from nor given an incident for this long loses its series (its counts stay in Redis).
+# A node neither heard from nor given an incident for this long loses its series; its counts go this long after
+# its last incident (a counter that restarts at 0, which Prometheus's increase() reads as a reset).
 FORGET_AFTER = 30 * 86400.0
 
 

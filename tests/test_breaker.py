@@ -17,7 +17,7 @@ import requests
 from trainmedic.client.wire import keys
 
 from tests.conftest import AUTH, load_fixture, write_playbooks
-from tests.support.jobs import wait_record
+from tests.support.jobs import wait_record, wait_until
 from tests.support.nvml import FakeGpu, NvmlState
 from tests.support.receiver import Receiver
 
@@ -62,6 +62,10 @@ def test_ten_alerts_at_once_through_four_workers_dispatch_exactly_the_bound(
     for p in procs:
         p.wait_ready(r, timeout=60)
     svc = gunicorn(4, TRAINMEDIC_PLAYBOOKS=str(write_playbooks(tmp_path / "p.yaml", PLAYBOOKS % hook.url)))
+    # The percent counts the nodes the service saw heartbeat: the agents started first, so it learns of them at
+    # their next heartbeat (within 5 s).
+    wait_until(lambda: r.zcount(keys.live("node"), f"({int(time.time() * 1000)}", "+inf") == 10, 30,
+               what="the service to see the ten nodes heartbeat")
 
     with ThreadPoolExecutor(10) as pool:
         answers = list(pool.map(lambda i: post(svc.url, alert(nodes[i], f"hot{i}")), range(10)))

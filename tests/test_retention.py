@@ -68,6 +68,8 @@ GLOBALS = {
     keys.GOODPUT_DOWN: "age",
     keys.GOODPUT_SEQ: "constant",
     keys.GOODPUT_SWEEP: "constant",
+    # Nodes seen (Lemon nodes): each scrape of /metrics drops those not seen in 30 days.
+    keys.NODES_SEEN: "age",
 }
 NODES = [f"gpu-node-{i}" for i in range(4)]
 JOBS = [f"job-{i}" for i in range(5)]

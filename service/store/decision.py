@@ -16,7 +16,7 @@ from ...client.wire import keys
 from ...client.wire.protocol import alert_second, compact_json, dumps, rfc3339
 from ...client.wire.status import Mode, Requester
 
-from ..lemons import WINDOW as INCIDENT_WINDOW
+from ..lemons import FORGET_AFTER as INCIDENT_KEEP, WINDOW as INCIDENT_WINDOW
 
 # Annotations are free text of any size: a record keeps up to this much of them (labels are kept whole).
 ANNOTATION_VALUE_MAX = 1024
@@ -250,7 +250,7 @@ class NewRecord:
             int(x.no_live), int(x.defer), int(x.check_reach), " ".join(x.need), t.label, int(x.visit_now),
             int(self.later * 1000), "" if x.verify is None else int(x.verify * 1000), self.fingerprint,
             self.playbook, self.alertname, x.send, rfc3339(self.now), self.decided, self.seal, t.kind,
-            int(self.incident), int(INCIDENT_WINDOW * 1000),
+            int(self.incident), int(INCIDENT_WINDOW * 1000), int(INCIDENT_KEEP * 1000),
         ]
         if self.detail:
             block += ("detail", self.detail)

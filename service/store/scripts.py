@@ -20,7 +20,7 @@ from ...client.wire.redis import run_scripts
 from ...client.wire.scripts import CLIENT_SCRIPTS, Call, script
 
 from .. import repairs
-from ..lemons import WINDOW as INCIDENT_WINDOW
+from ..lemons import FORGET_AFTER as INCIDENT_KEEP, WINDOW as INCIDENT_WINDOW
 from .decision import Early, NewRecord, early_arg
 
 # The scripts only the service runs (appliers run CLIENT_SCRIPTS).
@@ -132,7 +132,7 @@ def approve_call(ks: Keyspace, rid: str, *, verb: str, now: float, by: str, comm
             "ob_due_ms": int((now + obligation_due) * 1000), "episode_ttl_ms": int(episode_ttl * 1000),
             "rid": rid, "holds": keys.episode_fields(playbook, fingerprint, "holds")[0], "deadline": deadline_ms,
             "kind": t.kind, "playbook": playbook, "incident": int(incident),
-            "incident_window_ms": int(INCIDENT_WINDOW * 1000)}
+            "incident_window_ms": int(INCIDENT_WINDOW * 1000), "incident_keep_ms": int(INCIDENT_KEEP * 1000)}
     names = [keys.record(rid), keys.mailbox(t), keys.target_state(t), keys.obligation(t, playbook, fingerprint),
              keys.due_items(t), ks.journal(t), ks.metrics(t), keys.node_incidents(t), keys.node_incident_times(t)]
     return script("approve"), names, [dumps(args)]

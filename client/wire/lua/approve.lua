@@ -15,7 +15,8 @@ local incident_times = KEYS[9]  -- the node's recent incidents by time
 -- {now (ms), at (RFC 3339), verb: approve | reject | tamper, by, comment, signature, send, expires_ms, undo (1: the
 --  playbook has on_resolved actions), ob_member, ob_due_ms, episode_ttl_ms, rid, early, defer (as in DECIDE),
 --  holds (the episode's field of held records), deadline (ms: the hold's, from the service's approvals index),
---  kind, playbook, incident (1: once dispatched, the record is its node's incident), incident_window_ms}
+--  kind, playbook, incident (1: once dispatched, the record is its node's incident), incident_window_ms,
+--  incident_keep_ms}
 local a = cjson.decode(ARGV[1])
 local ctx = {journal = journal_key, metrics = metrics, kind = a.kind}
 
@@ -71,7 +72,8 @@ local status = settle(rec, now, open_z, a.rid, ctx)
 -- A record whose every step was skipped at once changed nothing on the node: no incident.
 local counted = tonumber(a.incident) == 1 and status ~= 'skipped'
 if counted then
-  count_incident(incidents, incident_times, a.playbook, a.rid, now, tonumber(a.incident_window_ms))
+  count_incident(incidents, incident_times, a.playbook, a.rid, now, tonumber(a.incident_window_ms),
+                 tonumber(a.incident_keep_ms))
 end
 -- A released firing record changes things the final resolve must undo.
 if tonumber(a.undo) == 1 and ob then

@@ -151,16 +151,18 @@ local function decide_early(as, early, at, w)
   return as
 end
 
--- A firing remediation dispatched to a node (Lemon nodes): counted by playbook, for good (the counter
--- trainmedic_node_incidents_total), and kept with its time among the node's incidents of the last window_ms.
+-- A firing remediation dispatched to a node (Lemon nodes): counted by playbook (the counter
+-- trainmedic_node_incidents_total; the counts go keep_ms after the node's last incident, as a counter that
+-- restarts), and kept with its time among the node's incidents of the last window_ms.
 -- It runs after the record is written, so it must not fail: a key of another type, or a count that is not
 -- one, is put right first (GET /metrics leaves such a count out, and counts it as a repair, until then).
-local function count_incident(counts, times, pb, rid, now, window_ms)
+local function count_incident(counts, times, pb, rid, now, window_ms, keep_ms)
   if redis.call('TYPE', counts).ok ~= 'hash' then redis.call('DEL', counts) end
   if redis.call('TYPE', times).ok ~= 'zset' then redis.call('DEL', times) end
   local n = redis.call('HGET', counts, pb)
   if n and not string.match(n, '^%d+$') then redis.call('HDEL', counts, pb) end
   redis.call('HINCRBY', counts, pb, 1)
+  redis.call('PEXPIRE', counts, keep_ms)
   redis.call('ZADD', times, now, rid)
   redis.call('ZREMRANGEBYSCORE', times, '-inf', now - window_ms)
   redis.call('PEXPIRE', times, window_ms)

@@ -75,7 +75,8 @@ local seal = ARGV[39]                -- its seal
 local kind = ARGV[40]                -- the target's kind
 local incident = ARGV[41] == '1'     -- a dispatched record is the node's incident (a firing node record)
 local incident_window_ms = tonumber(ARGV[42])  -- how long the node's recent incidents are kept
-local extra = {unpack(ARGV, 43)}     -- more fields of the record, name then value
+local incident_keep_ms = tonumber(ARGV[43])    -- how long the node's counts outlive its last incident
+local extra = {unpack(ARGV, 44)}     -- more fields of the record, name then value
 local later = ...                    -- DECIDE_MANY's shared writes
 local reason = ''
 local ctx = {journal = journal_key, metrics = metrics, kind = kind}
@@ -384,7 +385,7 @@ if dispatched and early then
 end
 -- A record whose every step was skipped at once changed nothing on the node: no incident.
 if incident and dispatched and status ~= 'skipped' then
-  count_incident(incidents, incident_times, pb, rid, now, incident_window_ms)
+  count_incident(incidents, incident_times, pb, rid, now, incident_window_ms, incident_keep_ms)
   counted = true
 end
 return answer(status, rid, reason)
