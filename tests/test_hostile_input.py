@@ -1,7 +1,7 @@
 """Hostile input on every endpoint that GET /openapi.json lists, through real gunicorn with 2 workers.
 
 Odd Unicode digits, overflowing dates, NaN and infinities, huge numbers, duplicate keys, 10,000 labels, deep
-nesting, huge strings and control characters, in bodies, query strings and paths. Each answer is the contract's
+nesting, huge strings and control characters, in bodies, query strings and paths. Each answer is the README's
 status (never a 5xx; 503 only while Redis is down) with a one-sentence {"error"} body (pages: HTML saying why),
 and nothing is ever dispatched: no mailbox entry appears.
 """

@@ -1,4 +1,4 @@
-"""GET /metrics: the contract's metrics, exact across gunicorn workers, plus acks, backlog and Redis health."""
+"""GET /metrics: the README's metrics, exact across gunicorn workers, plus acks, backlog and Redis health."""
 from __future__ import annotations
 
 import copy

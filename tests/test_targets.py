@@ -1,4 +1,4 @@
-"""Targets resolved from alert labels with the contract's label rules."""
+"""Targets resolved from alert labels with the README's label rules."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""POST /webhook: every status code of the contract, auth, bad input, hostile labels."""
+"""POST /webhook: every status code the README lists, auth, bad input, hostile labels."""
 from __future__ import annotations
 
 import copy

@@ -4,7 +4,7 @@ Two jobs run the same timeline at the same time, one a single process and one tw
 10 s of 50 ms steps, a 12 s hang while the heartbeat goes on (TRAINMEDIC_STALL_AFTER=3s), a rollback of 100
 steps through the service (POST /commands, rollback_checkpoint), steps past where it was, a SIGKILL of every
 process, 8 s with none, a restart from 150 steps before the job's highest, steps past it, a clean close(). The
-truth comes from each job's own log of the steps it passed to poll() and when: the contract's definitions applied
+truth comes from each job's own log of the steps it passed to poll() and when: the README's definitions applied
 to those exact times. Each figure must be within 2 s or 5 % of it, whichever is larger; a process killed without
 close() may move up to one heartbeat interval (1 s here) from its kinds into down, and what it did in that
 interval its successor cannot know either (its recompute may end up to that much sooner).
@@ -101,7 +101,7 @@ def wait_for(what: str, cond: Any, timeout: float = 90.0) -> None:
 
 
 def truth(first: list[dict], killed: float, second: list[dict]) -> tuple[dict[str, float], float]:
-    """Each figure by the contract's definitions, from the exact times of the steps both processes passed to
+    """Each figure by the README's definitions (Goodput), from the exact times of the steps both processes passed to
     poll(); and the job's highest step when the first process died."""
     times = [b[0] - a[0] for a, b in zip(steps_of(first), steps_of(first)[1:]) if b[1] == a[1] + 1]
     threshold = max(STALL_AFTER, 3 * statistics.median(times))
