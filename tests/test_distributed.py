@@ -16,6 +16,7 @@ from trainmedic.client.wire import keys
 from trainmedic.service.embedded_redis import free_port
 from tests.conftest import ROOT
 from tests.support.jobs import job_app, trigger, wait_record, wait_until
+from tests.support.ranks import rank_log, rank_results
 
 JOB = "ddp-job"
 
@@ -37,18 +38,10 @@ class Ranks:
             log.close()
 
     def wait(self, timeout: float = 120) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        for rank, p in enumerate(self.procs):
-            try:
-                code = p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"rank {rank} did not finish: {self.log(rank)}") from None
-            assert code == 0, f"rank {rank} exited {code}: {self.log(rank)}"
-        return [json.loads((self.tmp / f"{self.name}-{rank}.json").read_text()) for rank in range(self.world)]
+        return rank_results(self.procs, self.tmp, self.name, self.kill, timeout)
 
     def log(self, rank: int) -> str:
-        return (self.tmp / f"{self.name}-{rank}.log").read_text()[-3000:]
+        return rank_log(self.tmp, self.name, rank)
 
     def kill(self) -> None:
         for p in self.procs:

@@ -10,22 +10,13 @@ import pytest
 import torch
 
 from tests.conftest import write_playbooks
+from tests.support.stragglers import STRAGGLER_PLAYBOOK
 from trainmedic.client.trainer.detect import DetectSettings
 from trainmedic.client.trainer.straggler import NEVER, Probe, ProbeClock, Straggler, Stragglers, slowest
 from trainmedic.client.wire import keys
 from trainmedic.client.wire.protocol import rfc3339
 
 JOB = "straggler-job"
-STRAGGLER_PLAYBOOK = """
-playbooks:
-  - name: straggler
-    matchers: ['alertname="TrainingStraggler"']
-    target: node
-    approval: true
-    actions:
-      - drain_node: {reason: straggler}
-        optional: true
-"""
 
 
 def test_a_rank_slower_than_one_and_a_half_times_the_median_three_times_in_a_row_is_a_straggler() -> None:

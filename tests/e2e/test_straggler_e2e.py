@@ -10,22 +10,12 @@ from typing import Any
 import requests
 
 from tests.conftest import write_playbooks
-from tests.support.stragglers import StragglerJob
+from tests.support.stragglers import STRAGGLER_PLAYBOOK, StragglerJob
 from trainmedic.client.wire import keys
 
 from .test_alertmanager import wait_for
 from .test_detections_e2e import am_alerts, stack
 
-STRAGGLER_PLAYBOOK = """
-playbooks:
-  - name: straggler
-    matchers: ['alertname="TrainingStraggler"']
-    target: node
-    approval: true
-    actions:
-      - drain_node: {reason: straggler}
-        optional: true
-"""
 # Probes every 20 steps (a comparison every second or so here), and up to a fifth of the time for them: the
 # tests want many comparisons in a few seconds; the defaults space them by minutes.
 FAST = {"probe_steps": 20, "probe_share": 0.2}

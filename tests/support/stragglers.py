@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmedic.service.embedded_redis import free_port
+from tests.support.ranks import rank_log, rank_results
 
 ROOT = Path(__file__).resolve().parents[2]
 # A busy process: a Python loop that never sleeps.
@@ -83,18 +84,10 @@ class StragglerJob:
 
     def results(self, timeout: float = 120) -> list[dict[str, Any]]:
         """Each rank's findings, once every rank has left."""
-        deadline = time.monotonic() + timeout
-        for rank, p in enumerate(self.procs):
-            try:
-                code = p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"rank {rank} did not finish: {self.log(rank)}") from None
-            assert code == 0, f"rank {rank} exited {code}: {self.log(rank)}"
-        return [json.loads((self.tmp / f"{self.job}-{rank}.json").read_text()) for rank in range(self.world)]
+        return rank_results(self.procs, self.tmp, self.job, self.kill, timeout)
 
     def log(self, rank: int) -> str:
-        return (self.tmp / f"{self.job}-{rank}.log").read_text()[-3000:]
+        return rank_log(self.tmp, self.job, rank)
 
     def kill(self) -> None:
         self.end_helpers()
@@ -108,3 +101,16 @@ def threads(pid: int) -> list[int]:
     """Every thread of a process (Linux applies CPU affinity and nice to one thread at a time: torch's and gloo's
     threads would keep their own)."""
     return [int(name) for name in os.listdir(f"/proc/{pid}/task")]
+
+
+# A playbook for TrainingStraggler that needs no scheduler: held, then an optional drain.
+STRAGGLER_PLAYBOOK = """
+playbooks:
+  - name: straggler
+    matchers: ['alertname="TrainingStraggler"']
+    target: node
+    approval: true
+    actions:
+      - drain_node: {reason: straggler}
+        optional: true
+"""
